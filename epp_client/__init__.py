@@ -1,0 +1,1 @@
+"""epp_client package."""

@@ -1,0 +1,11 @@
+"""The one definition of every feature and wire type (see ../shared/design/wire-api.md)."""
+from .schema import (COL, MAX_INT, POD_TYPES, RAW_COLUMNS, ROW_FIELDS, SCHEMA_VERSION, FieldError,
+                     TrainingEntry, parse_row, parse_training_entry, row_from_raw, row_json_schema,
+                     training_entry_json_schema)
+from .matrix import FEATURES, TARGETS, feature_names, model_matrix, monotone_constraints, raw_matrix
+
+__all__ = [
+    "COL", "FEATURES", "FieldError", "MAX_INT", "POD_TYPES", "RAW_COLUMNS", "ROW_FIELDS", "SCHEMA_VERSION",
+    "TARGETS", "TrainingEntry", "feature_names", "model_matrix", "monotone_constraints", "parse_row",
+    "parse_training_entry", "raw_matrix", "row_from_raw", "row_json_schema", "training_entry_json_schema",
+]

@@ -1,0 +1,1 @@
+"""latency_cli package."""

@@ -1,0 +1,1 @@
+"""prediction_server package."""

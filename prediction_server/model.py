@@ -1,0 +1,152 @@
+"""The model runtime: a verified bundle (or the built-in prior) turned into predictions.
+
+Shared by the prediction server (hot path) and the training server (``POST /predict``).
+Models are loaded from their native formats only (XGBoost UBJSON/JSON, LightGBM text),
+each with one thread: servers scale by process, never by OpenMP threads.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from features.bundle import BundleError, validate_manifest
+from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
+from features.prior import DEFAULT_PRIOR, LinearPrior
+
+# z for a two-sided 90% band around the prediction when reporting bounds
+_Z = 1.645
+
+
+def _load_xgboost(data: bytes, fmt: str):
+    import xgboost as xgb
+
+    booster = xgb.Booster(params={"nthread": 1})
+    booster.load_model(bytearray(data))
+    booster.set_param({"nthread": 1})
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return np.asarray(booster.inplace_predict(x), dtype=np.float64).reshape(-1)
+
+    return predict
+
+
+def _load_lightgbm(data: bytes, fmt: str):
+    import lightgbm as lgb
+
+    booster = lgb.Booster(model_str=data.decode("utf-8"), params={"num_threads": 1})
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return np.asarray(booster.predict(x, num_threads=1), dtype=np.float64).reshape(-1)
+
+    return predict
+
+
+_LOADERS = {"xgboost": _load_xgboost, "lightgbm": _load_lightgbm}
+
+
+@dataclass
+class _Calibration:
+    scale: float = 1.0
+    offset: float = 0.0
+    regime_scale: np.ndarray | None = None
+    regime_offset: np.ndarray | None = None
+
+    @classmethod
+    def from_manifest(cls, spec: Mapping | None) -> "_Calibration":
+        if not spec:
+            return cls()
+        cal = cls(float(spec.get("scale", 1.0)), float(spec.get("offset_ms", 0.0)))
+        by = spec.get("by_regime") or {}
+        if by:
+            cal.regime_scale = np.array([float(by.get(r, {}).get("scale", cal.scale)) for r in REGIME_NAMES])
+            cal.regime_offset = np.array([float(by.get(r, {}).get("offset_ms", cal.offset)) for r in REGIME_NAMES])
+        for v in (cal.scale, cal.offset):
+            if not np.isfinite(v):
+                raise BundleError("calibration values must be finite")
+        return cal
+
+    def apply(self, y: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        if self.regime_scale is not None:
+            idx = regimes(raw)
+            return y * self.regime_scale[idx] + self.regime_offset[idx]
+        if self.scale == 1.0 and self.offset == 0.0:
+            return y
+        return y * self.scale + self.offset
+
+
+@dataclass
+class LoadedBundle:
+    """An immutable, ready-to-serve model set. Swapped atomically by reference."""
+
+    version: str
+    source: str  # "learned" | "prior"
+    model_kind: str
+    objective: str
+    quantile: float
+    manifest: dict
+    loaded_at: float = field(default_factory=time.time)
+    _predictors: dict = field(default_factory=dict, repr=False)
+    _prior: LinearPrior = field(default_factory=LinearPrior, repr=False)
+    _calibration: dict = field(default_factory=dict, repr=False)
+    _uncertainty: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
+        """The analytic default used before any bundle exists."""
+        return cls(version="prior-default", source="prior", model_kind="prior", objective="quantile",
+                   quantile=quantile, manifest={"prior": DEFAULT_PRIOR})
+
+    @classmethod
+    def from_files(cls, manifest: Mapping, files: Mapping[str, bytes]) -> "LoadedBundle":
+        """Build from a manifest and its (already size/sha256-verified) model files."""
+        m = validate_manifest(manifest)
+        predictors = {}
+        for target, spec in m["models"].items():
+            data = files.get(spec["file"])
+            if data is None:
+                raise BundleError(f"model file {spec['file']} missing")
+            try:
+                predictors[target] = _LOADERS[m["model_kind"]](data, spec["format"])
+            except BundleError:
+                raise
+            except Exception as e:  # native loaders raise library-specific errors
+                raise BundleError(f"cannot load {spec['file']}: {e}") from None
+        calibration = {t: _Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
+        metrics = m.get("metrics") or {}
+        uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
+        bundle = cls(version=m["version"], source="learned" if predictors else "prior",
+                     model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
+                     manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
+                     _calibration=calibration, _uncertainty=uncertainty)
+        # smoke test: a bundle that cannot answer one row is not swapped in
+        probe = np.zeros((1, len(m["features"]["raw_columns"]) if "features" in m else 11))
+        for t, y in zip(TARGETS, bundle.predict(probe)):
+            if y.shape != (1,) or not np.isfinite(y).all():
+                raise BundleError(f"bundle {m['version']}: {t} model gives a non-finite prediction")
+        return bundle
+
+    def has_model(self, target: str) -> bool:
+        return target in self._predictors
+
+    def predict(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predict (ttft_ms, tpot_ms) for a raw matrix; never negative."""
+        out = []
+        for target in TARGETS:
+            x = model_matrix(raw, target)
+            predictor = self._predictors.get(target)
+            if predictor is None:
+                y = self._prior.predict_matrix(x, target)
+            else:
+                y = self._calibration[target].apply(predictor(x), raw)
+            out.append(np.maximum(y, 0.0))
+        return out[0], out[1]
+
+    def uncertainty(self, target: str) -> float:
+        return self._uncertainty.get(target, 0.0)
+
+    @property
+    def bound_width(self) -> float:
+        return _Z
