@@ -33,7 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .matrix import SUPPORTED_SCHEMAS, TARGETS
+from .matrix import KNOWN_FEATURES, SUPPORTED_SCHEMAS, TARGETS
+from .schema import RAW_COLUMNS
 from .prior import validate_prior
 
 MANIFEST = "manifest.json"
@@ -85,6 +86,16 @@ def validate_manifest(m: Any) -> dict:
     if m["schema_version"] not in SUPPORTED_SCHEMAS:
         raise BundleError(f"manifest.schema_version {m['schema_version']!r} is not supported "
                           f"(this server knows {sorted(SUPPORTED_SCHEMAS)})")
+    feats = m.get("features")
+    if feats is not None:
+        if not isinstance(feats, Mapping) or list(feats.get("raw_columns", [])) != list(RAW_COLUMNS):
+            raise BundleError("manifest.features.raw_columns do not match this server's schema")
+        for target, names in (feats.get("features") or {}).items():
+            if target not in TARGETS or not isinstance(names, list) or not names:
+                raise BundleError(f"manifest.features.features.{target} is malformed")
+            unknown = [n for n in names if n not in KNOWN_FEATURES]
+            if unknown:
+                raise BundleError(f"manifest.features.features.{target}: unknown features {unknown}")
     if m["model_kind"] not in MODEL_KINDS:
         raise BundleError(f"manifest.model_kind {m['model_kind']!r} not in {MODEL_KINDS}")
     if m["objective"] not in OBJECTIVES:

@@ -92,6 +92,17 @@ FEATURES: dict[str, tuple[str, ...]] = {
     ),
 }
 
+#: The upstream llm-d recipe's feature set (evaluation.md §1 reference), for comparisons.
+UPSTREAM_FEATURES: dict[str, tuple[str, ...]] = {
+    "ttft": ("kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
+             "is_queued", "prefill_tokens_in_flight", "decode_tokens_in_flight", "prefix_cache_score",
+             "uncached_input_tokens", "prefix_quartile"),
+    "tpot": ("kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
+             "is_queued", "prefill_tokens_in_flight", "decode_tokens_in_flight", "num_tokens_generated"),
+}
+FEATURE_SETS = {"default": FEATURES, "upstream": UPSTREAM_FEATURES}
+KNOWN_FEATURES = frozenset(_ALL)
+
 #: Known schema versions this code can build matrices for.
 SUPPORTED_SCHEMAS = frozenset({SCHEMA_VERSION})
 
@@ -100,16 +111,20 @@ def feature_names(target: str) -> tuple[str, ...]:
     return FEATURES[target]
 
 
-def monotone_constraints(target: str) -> tuple[int, ...]:
+def monotone_constraints(target: str, names: Sequence[str] | None = None) -> tuple[int, ...]:
     """Per-column monotone direction for ``target`` (XGBoost/LightGBM constraint order)."""
-    return tuple(_ALL[name].monotone[target] for name in FEATURES[target])
+    return tuple(_ALL[name].monotone[target] for name in (names or FEATURES[target]))
 
 
-def model_matrix(raw: np.ndarray, target: str) -> np.ndarray:
-    """Build the model input for ``target`` from a raw matrix (rows × RAW_COLUMNS)."""
+def model_matrix(raw: np.ndarray, target: str, names: Sequence[str] | None = None) -> np.ndarray:
+    """Build the model input for ``target`` from a raw matrix (rows × RAW_COLUMNS).
+
+    ``names`` selects the columns (default ``FEATURES[target]``); a bundle records the
+    names it was trained with and the runtime passes them back here.
+    """
     if raw.ndim != 2 or raw.shape[1] != len(RAW_COLUMNS):
         raise ValueError(f"raw matrix must have shape (n, {len(RAW_COLUMNS)}), got {raw.shape}")
-    names = FEATURES[target]
+    names = names or FEATURES[target]
     out = np.empty((raw.shape[0], len(names)), dtype=np.float64)
     for j, name in enumerate(names):
         out[:, j] = _ALL[name].fn(raw)
@@ -123,12 +138,14 @@ def raw_matrix(rows: Sequence[dict], field: str = "requests") -> np.ndarray:
     )
 
 
-def schema_description() -> dict:
+def schema_description(feature_set: str = "default") -> dict:
     """What a bundle records about the features it was trained with."""
+    sets = FEATURE_SETS[feature_set]
     return {
         "schema_version": SCHEMA_VERSION,
+        "feature_set": feature_set,
         "raw_columns": list(RAW_COLUMNS),
-        "features": {t: list(FEATURES[t]) for t in TARGETS},
+        "features": {t: list(sets[t]) for t in TARGETS},
     }
 
 

@@ -1,1 +1,1 @@
-"""latency_cli package."""
+"""The umbrella ``latency-predictor`` command."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from features.bundle import BundleError, validate_manifest
 from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
+from features.schema import RAW_COLUMNS
 from features.prior import DEFAULT_PRIOR, LinearPrior
 
 # z for a two-sided 90% band around the prediction when reporting bounds
@@ -92,6 +93,7 @@ class LoadedBundle:
     _prior: LinearPrior = field(default_factory=LinearPrior, repr=False)
     _calibration: dict = field(default_factory=dict, repr=False)
     _uncertainty: dict = field(default_factory=dict, repr=False)
+    _names: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
@@ -117,12 +119,13 @@ class LoadedBundle:
         calibration = {t: _Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
         metrics = m.get("metrics") or {}
         uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
+        names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
         bundle = cls(version=m["version"], source="learned" if predictors else "prior",
                      model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
                      manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
-                     _calibration=calibration, _uncertainty=uncertainty)
+                     _calibration=calibration, _uncertainty=uncertainty, _names=names)
         # smoke test: a bundle that cannot answer one row is not swapped in
-        probe = np.zeros((1, len(m["features"]["raw_columns"]) if "features" in m else 11))
+        probe = np.zeros((1, len(RAW_COLUMNS)))
         for t, y in zip(TARGETS, bundle.predict(probe)):
             if y.shape != (1,) or not np.isfinite(y).all():
                 raise BundleError(f"bundle {m['version']}: {t} model gives a non-finite prediction")
@@ -135,11 +138,11 @@ class LoadedBundle:
         """Predict (ttft_ms, tpot_ms) for a raw matrix; never negative."""
         out = []
         for target in TARGETS:
-            x = model_matrix(raw, target)
             predictor = self._predictors.get(target)
             if predictor is None:
-                y = self._prior.predict_matrix(x, target)
+                y = self._prior.predict(raw, target)
             else:
+                x = model_matrix(raw, target, self._names.get(target))
                 y = self._calibration[target].apply(predictor(x), raw)
             out.append(np.maximum(y, 0.0))
         return out[0], out[1]
