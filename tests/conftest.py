@@ -1,0 +1,72 @@
+"""Shared test helpers: data paths, free ports, real server subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = (REPO / ".." / "shared" / "data").resolve()
+SHAREGPT = DATA / "llmd-h200-traces" / "sharegpt-h200.jsonl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_jsonl(path: Path, limit: int | None = None) -> list[dict]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+                if limit is not None and len(out) >= limit:
+                    break
+    return out
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except Exception:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def start_server(module: str, args: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+    """Start ``python -m module args`` as a real process (own session, so kill -9 is clean)."""
+    full_env = {**os.environ, **(env or {})}
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=full_env, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def sharegpt_rows() -> list[dict]:
+    assert SHAREGPT.exists(), f"shared data missing: {SHAREGPT}"
+    return load_jsonl(SHAREGPT)
