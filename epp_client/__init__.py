@@ -1,1 +1,29 @@
-"""epp_client package."""
+"""epp_client: the endpoint picker's predicted-latency plugins as a Python library.
+
+Routes exactly as an llm-d gateway with predicted-latency routing would (same plugins,
+parameters, defaults and decision rules; ``../shared/design/epp-plugins.md``), with the
+deliberate differences of Part A.2.
+
+Public API::
+
+    from epp_client import (Endpoint, EndpointMetrics, PrefixMatch, InFlightLoad,
+                            LatencyPrediction, InferenceRequest, Admission, ConfigError)
+    from epp_client.plugins import PredictedLatencyProducer, ...       # see plugins/
+    from epp_client.scheduler import Scheduler, SchedulingProfile, SchedulingResult
+    from epp_client.predictor import PredictorClient, InProcessPredictor, BulkPrediction
+    from epp_client.training import TrainingReporter, ListSink
+    from epp_client.inflight import InFlightTracker
+    from epp_client.config import REFERENCE_CONFIG, PREDICTED_LATENCY_SLO_CONFIG
+
+Typical use::
+
+    sched = Scheduler.from_config(REFERENCE_CONFIG, predictor=PredictorClient([...]),
+                                  sink=TrainingReporter(url))
+    res = sched.schedule(InferenceRequest(headers=..., input_tokens=...), endpoints)
+    sched.pre_request(req, res); ...; sched.on_complete(req.request_id)
+"""
+from .types import (Admission, ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
+                    LatencyPrediction, PrefixMatch)
+
+__all__ = ["Endpoint", "EndpointMetrics", "PrefixMatch", "InFlightLoad", "LatencyPrediction", "InferenceRequest",
+           "Admission", "ConfigError", "EncoderMatch"]

@@ -1,0 +1,219 @@
+"""EndpointPickerConfig-style configuration (plugins + scheduling profiles) -> Scheduler.
+
+Accepted shape (YAML text or the decoded dict)::
+
+    apiVersion: inference.networking.x-k8s.io/v1alpha1     # optional
+    kind: EndpointPickerConfig                              # optional
+    plugins:
+    - name: strict-affinity-filter        # optional, defaults to the type
+      type: prefix-cache-affinity-filter
+      parameters: {affinityThreshold: 0.99, ttftSource: latencyPredictor, maxTTFTPenaltyMs: 5000}
+    schedulingProfiles:
+    - name: default
+      plugins:
+      - pluginRef: strict-affinity-filter
+      - pluginRef: latency-scorer
+        weight: 1
+
+Producers and admitters are global (they run before every profile) whether or not a
+profile references them. A profile without a picker gets the first configured picker, or
+a max-score picker. The in-flight accounting (``inflight-load-producer``) is always
+present (upstream auto-creates it); its parameters can be set in the plugin list.
+Strict like upstream: unknown keys, types and parameters raise ConfigError naming them.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping
+
+import yaml
+
+from .inflight import InFlightTracker
+from .plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
+from .plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
+from .plugins.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
+from .plugins.producer import PredictedLatencyProducer
+from .plugins.scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer,
+                              QueueScorer)
+from .scheduler import Scheduler, SchedulingProfile, default_profile
+from .types import ConfigError
+
+PLUGIN_TYPES: dict[str, type] = {c.TYPE: c for c in (
+    PredictedLatencyProducer, PrefixCacheAffinityFilter, SloHeadroomTierFilter, LatencyScorer, QueueScorer,
+    KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer, LatencySloAdmitter, ProbabilisticAdmitter,
+    WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker)}
+
+#: Upstream plugin types accepted and ignored: the router supplies their data itself
+#: (prefix match info on each Endpoint) or they only select profiles.
+IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer"})
+
+_TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
+                       "data", "flowControl"})
+
+#: B2.8: the Helm chart's wiring with router.latencyPredictor.enabled=true.
+REFERENCE_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+- name: strict-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.99
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- name: loose-affinity-filter
+  type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.80
+    ttftSource: latencyPredictor
+    maxTTFTPenaltyMs: 5000
+- type: latency-scorer
+- type: weighted-random-picker
+- type: slo-headroom-tier-filter
+- type: latency-slo-admitter
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: strict-affinity-filter
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: loose-affinity-filter
+  - pluginRef: latency-scorer
+    weight: 1
+  - pluginRef: weighted-random-picker
+"""
+
+#: B2.8: the integration test's well-known config ``predicted-latency-slo``: the reference
+#: wiring in streaming mode, its filters with the default source and penalty.
+PREDICTED_LATENCY_SLO_CONFIG = (
+    REFERENCE_CONFIG.replace("- type: predicted-latency-producer\n",
+                             "- type: predicted-latency-producer\n  parameters:\n    streamingMode: true\n")
+    .replace("    ttftSource: latencyPredictor\n    maxTTFTPenaltyMs: 5000\n", "")
+)
+
+
+def _load(config: Mapping | str | None) -> dict:
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        try:
+            config = yaml.safe_load(config)
+        except yaml.YAMLError as e:
+            raise ConfigError("config", f"not valid YAML: {e}") from None
+        if config is None:
+            return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError("config", f"must be a mapping, got {type(config).__name__}")
+    unknown = set(config) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown top-level key (known: {', '.join(sorted(_TOP_KEYS))})")
+    return dict(config)
+
+
+def _role(plugin: Any) -> str:
+    if isinstance(plugin, PredictedLatencyProducer):
+        return "producer"
+    if isinstance(plugin, InFlightTracker):
+        return "inflight"
+    for role in ("filter", "score", "admit", "pick"):
+        if callable(getattr(plugin, role, None)):
+            return role
+    return "ignored"
+
+
+def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: Any = None,
+                    rng: random.Random | None = None, **producer_kwargs: Any) -> Scheduler:
+    """Build a Scheduler; ``producer_kwargs`` (e.g. ``clock``, ``wall_clock``) go to the producer."""
+    cfg = _load(config)
+    plugins_cfg = cfg.get("plugins") or []
+    if not isinstance(plugins_cfg, list):
+        raise ConfigError("plugins", "must be a list")
+    instances: dict[str, Any] = {}
+    order: list[str] = []
+    for i, spec in enumerate(plugins_cfg):
+        loc = f"plugins[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(loc, "must be a mapping with type, name and parameters")
+        extra = set(spec) - {"type", "name", "parameters"}
+        if extra:
+            raise ConfigError(f"{loc}.{sorted(extra)[0]}", "unknown key")
+        ptype = spec.get("type")
+        if not isinstance(ptype, str) or not ptype:
+            raise ConfigError(f"{loc}.type", "required (a plugin type name)")
+        name = spec.get("name") or ptype
+        if not isinstance(name, str):
+            raise ConfigError(f"{loc}.name", "must be a string")
+        if name in instances:
+            raise ConfigError(f"{loc}.name", f"duplicate plugin name {name!r}")
+        if ptype in IGNORED_TYPES:
+            instances[name] = None
+            order.append(name)
+            continue
+        cls = PLUGIN_TYPES.get(ptype)
+        if cls is None:
+            raise ConfigError(f"{loc}.type", f"unknown plugin type {ptype!r} (known: {', '.join(sorted(PLUGIN_TYPES))})")
+        params = spec.get("parameters")
+        try:
+            if cls is PredictedLatencyProducer:
+                plugin = cls.from_config(params, predictor=predictor, sink=sink, **producer_kwargs)
+            else:
+                plugin = cls.from_config(params, rng=rng if rng is not None else random.Random())
+        except ConfigError as e:
+            raise ConfigError(f"{loc}.parameters.{e.param.split('.', 1)[-1]}", e.msg) from None
+        instances[name] = plugin
+        order.append(name)
+
+    producers = [n for n in order if _role(instances[n]) == "producer"]
+    if len(producers) > 1:
+        raise ConfigError("plugins", f"at most one predicted-latency-producer is supported, got {producers}")
+    producer = instances[producers[0]] if producers else None
+    trackers = [instances[n] for n in order if _role(instances[n]) == "inflight"]
+    inflight = trackers[0] if trackers else InFlightTracker()
+    admitters = [instances[n] for n in order if _role(instances[n]) == "admit"]
+    pickers = [instances[n] for n in order if _role(instances[n]) == "pick"]
+
+    profiles_cfg = cfg.get("schedulingProfiles")
+    if not profiles_cfg:
+        if not plugins_cfg:
+            return Scheduler(producer, admitters, [default_profile()], inflight)
+        profiles_cfg = [{"name": "default", "plugins": [{"pluginRef": n} for n in order]}]
+    if not isinstance(profiles_cfg, list):
+        raise ConfigError("schedulingProfiles", "must be a list")
+    profiles = []
+    for i, pspec in enumerate(profiles_cfg):
+        loc = f"schedulingProfiles[{i}]"
+        if not isinstance(pspec, Mapping):
+            raise ConfigError(loc, "must be a mapping with name and plugins")
+        extra = set(pspec) - {"name", "plugins"}
+        if extra:
+            raise ConfigError(f"{loc}.{sorted(extra)[0]}", "unknown key")
+        pname = pspec.get("name")
+        if not isinstance(pname, str) or not pname:
+            raise ConfigError(f"{loc}.name", "required")
+        profile = SchedulingProfile(pname)
+        for j, ref in enumerate(pspec.get("plugins") or []):
+            rloc = f"{loc}.plugins[{j}]"
+            if not isinstance(ref, Mapping) or set(ref) - {"pluginRef", "weight"}:
+                raise ConfigError(rloc, "must be a mapping with pluginRef and optional weight")
+            pref = ref.get("pluginRef")
+            if pref not in instances:
+                raise ConfigError(f"{rloc}.pluginRef", f"unknown plugin {pref!r}")
+            weight = ref.get("weight", 1.0)
+            if type(weight) not in (int, float) or weight != weight:
+                raise ConfigError(f"{rloc}.weight", f"must be a number, got {weight!r}")
+            plugin = instances[pref]
+            role = _role(plugin)
+            if role == "filter":
+                profile.filters.append(plugin)
+            elif role == "score":
+                profile.scorers.append((plugin, float(weight)))
+            elif role == "pick":
+                if profile.picker is not None:
+                    raise ConfigError(f"{rloc}.pluginRef", "a profile has at most one picker")
+                profile.picker = plugin
+            # producers, admitters, in-flight accounting and ignored types are global
+        if profile.picker is None:
+            profile.picker = pickers[0] if pickers else MaxScorePicker(rng=rng if rng is not None else random.Random())
+        profiles.append(profile)
+    return Scheduler(producer, admitters, profiles, inflight)

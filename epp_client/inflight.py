@@ -1,0 +1,121 @@
+"""In-flight load accounting (``inflight-load-producer``, B4.4), as an object the router updates.
+
+Per endpoint (per data-parallel rank), the requests and uncached prompt tokens this router
+has dispatched and not yet released:
+
+- ``pre_request(request, picks)``: for each profile's first endpoint, +1 request and
+  + uncached prompt tokens (``(total-match)×block + max(0, input - total×block)``, or the
+  input tokens without prefix info), plus the estimated output tokens when enabled.
+- ``on_first_chunk(request_id)``: releases the token portion of every entry (without
+  estimated output tokens) and the ``prefill`` profile's entry completely.
+- ``on_complete(request_id)``: releases whatever remains. Every decrement floors at 0.
+
+``load(name)`` returns the live :class:`InFlightLoad` of an endpoint (mutated in place);
+:class:`~epp_client.scheduler.Scheduler` copies it onto each candidate at scheduling time.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .params import Configurable, Param, ge, gt
+from .types import Endpoint, InFlightLoad, InferenceRequest
+
+PREFILL_PROFILE = "prefill"
+
+
+@dataclass
+class _Entry:
+    endpoint: str
+    profile: str
+    tokens: int
+    requests: int = 1
+
+
+def uncached_prompt_tokens(endpoint: Endpoint, input_tokens: int) -> int:
+    pm = endpoint.prefix_match
+    if pm is None:
+        return input_tokens
+    total = pm.total_blocks * pm.block_size_tokens
+    return (pm.total_blocks - pm.match_blocks) * pm.block_size_tokens + max(0, input_tokens - total)
+
+
+class InFlightTracker(Configurable):
+    TYPE = "inflight-load-producer"
+    PARAMS = (
+        Param("addEstimatedOutputTokens", "add_estimated_output_tokens", "bool"),
+        Param("outputRatio", "output_ratio", "float", ge(0.0)),
+        Param("maxEstimatedOutputTokens", "max_estimated_output_tokens", "int", gt(0)),
+    )
+
+    def __init__(self, add_estimated_output_tokens: bool = False, output_ratio: float = 1.5,
+                 max_estimated_output_tokens: int = 2**31 - 1, max_tracked_requests: int = 1_000_000) -> None:
+        v = self._validated(add_estimated_output_tokens=add_estimated_output_tokens, output_ratio=output_ratio,
+                            max_estimated_output_tokens=max_estimated_output_tokens)
+        self.add_estimated_output_tokens = v["add_estimated_output_tokens"]
+        self.output_ratio = v["output_ratio"]
+        self.max_estimated_output_tokens = v["max_estimated_output_tokens"]
+        self.max_tracked_requests = max_tracked_requests
+        self._loads: dict[str, InFlightLoad] = {}
+        self._requests: OrderedDict[str, list[_Entry]] = OrderedDict()
+
+    def load(self, name: str) -> InFlightLoad:
+        """Live counters of an endpoint (created at zero on first use)."""
+        ld = self._loads.get(name)
+        if ld is None:
+            ld = self._loads[name] = InFlightLoad()
+        return ld
+
+    def snapshot(self, name: str) -> InFlightLoad:
+        ld = self._loads.get(name)
+        return InFlightLoad(ld.tokens, ld.requests) if ld is not None else InFlightLoad()
+
+    def pre_request(self, request: InferenceRequest, picks: dict[str, Endpoint]) -> None:
+        """``picks``: profile name -> that profile's first picked endpoint."""
+        rid = request.request_id
+        if rid in self._requests:
+            self.on_complete(rid)  # a re-dispatch replaces the old accounting
+        entries = []
+        for profile, e in picks.items():
+            tokens = uncached_prompt_tokens(e, request.input_tokens)
+            if self.add_estimated_output_tokens:
+                est = math.floor(request.input_tokens * self.output_ratio + 0.5)
+                if request.max_tokens is not None and request.max_tokens >= 0:
+                    est = min(est, request.max_tokens)
+                tokens += min(est, self.max_estimated_output_tokens)
+            ld = self.load(e.name)
+            ld.requests += 1
+            ld.tokens += tokens
+            entries.append(_Entry(e.name, profile, tokens))
+        self._requests[rid] = entries
+        while len(self._requests) > self.max_tracked_requests:  # bounded: oldest forgotten
+            _, old = self._requests.popitem(last=False)
+            self._release(old, tokens_only=False)
+
+    def on_first_chunk(self, request_id: str) -> None:
+        entries = self._requests.get(request_id)
+        if not entries:
+            return
+        for en in entries:
+            if en.profile == PREFILL_PROFILE:
+                self._release([en], tokens_only=False)
+            elif not self.add_estimated_output_tokens:
+                self._release([en], tokens_only=True)
+
+    def on_complete(self, request_id: str) -> None:
+        entries = self._requests.pop(request_id, None)
+        if entries:
+            self._release(entries, tokens_only=False)
+
+    def _release(self, entries: list[_Entry], tokens_only: bool) -> None:
+        for en in entries:
+            ld = self.load(en.endpoint)
+            ld.tokens = max(0, ld.tokens - en.tokens)
+            en.tokens = 0
+            if not tokens_only:
+                ld.requests = max(0, ld.requests - en.requests)
+                en.requests = 0
+
+    def tracked_requests(self) -> int:
+        return len(self._requests)

@@ -1,0 +1,433 @@
+"""``predicted-latency-producer`` (B1.2-B1.8, B2.1).
+
+Lifecycle hooks, callable by a router or a simulator without HTTP. Every hook takes an
+optional ``now`` (seconds, on the producer's ``clock``; default ``time.monotonic``) so a
+discrete-event simulator can drive it with simulated time::
+
+    produce(request, endpoints)              # before scheduling: one bulk prediction,
+    await aproduce(request, endpoints)       #   writes Endpoint.prediction on every candidate
+    pre_request(request, picks, now=None)    # after the pick; picks: {profile: endpoint}
+                                             #   (or one Endpoint / a list: primary profile)
+    on_first_chunk(request_id, now=None, tokens=None)
+    on_chunk(request_id, now=None, tokens=None)
+    on_complete(request_id, now=None, *, status=200, aborted=False, output_tokens=None)
+
+Training entries go to ``sink.add(list[dict])`` (see :mod:`epp_client.training`), with
+``timestamp`` from ``wall_clock`` (default ``time.time``).
+
+Differences from upstream (A.2): aborted / failed / non-2xx responses produce no
+training sample (3); samples carry ``predicted_ttft_ms``, ``predicted_tpot_ms`` and
+``model_version`` of the chosen endpoint (4); ``num_tokens_generated`` is 0 in prediction
+rows as in TTFT training rows (5); TPOT divides by the token count when the response
+reports it (``tokens`` / ``output_tokens``), by body chunks otherwise (6); a prefix score
+with ``total_blocks = 0`` is 0 (7). ``pod_type`` is sent only for the label values the
+wire contract knows (``prefill``, ``decode``); other role values are omitted.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from ..params import Configurable, Param, ge, gt
+from ..predictor import BulkPrediction
+from ..types import Endpoint, InferenceRequest, LatencyPrediction
+
+PREFILL_PROFILE = "prefill"
+_KNOWN_POD_TYPES = ("prefill", "decode")
+
+
+class RunningQueue:
+    """Per-endpoint queue of running requests ordered by TPOT SLO (B1.8), lazy deletion."""
+
+    def __init__(self) -> None:
+        self._heaps: dict[str, list] = {}
+        self._live: dict[str, dict[str, float]] = {}
+        self._where: dict[str, str] = {}
+        self._seq = itertools.count()
+
+    def add(self, endpoint: str, request_id: str, tpot_slo: float) -> bool:
+        if not request_id or request_id in self._where or tpot_slo < 0 or tpot_slo != tpot_slo:
+            return False
+        heapq.heappush(self._heaps.setdefault(endpoint, []), (tpot_slo, next(self._seq), request_id))
+        self._live.setdefault(endpoint, {})[request_id] = tpot_slo
+        self._where[request_id] = endpoint
+        return True
+
+    def remove(self, request_id: str) -> bool:
+        endpoint = self._where.pop(request_id, None)
+        if endpoint is None:
+            return False
+        live = self._live[endpoint]
+        del live[request_id]
+        if not live:  # an endpoint whose queue becomes empty is dropped
+            del self._live[endpoint]
+            del self._heaps[endpoint]
+        return True
+
+    def size(self, endpoint: str) -> int:
+        live = self._live.get(endpoint)
+        return len(live) if live else 0
+
+    def min_tpot(self, endpoint: str) -> float:
+        live = self._live.get(endpoint)
+        if not live:
+            return 0.0
+        heap = self._heaps[endpoint]
+        while heap[0][2] not in live:
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    def endpoints(self) -> list[str]:
+        return list(self._live)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+class _Context:
+    __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
+                 "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
+                 "predicted_ttft", "predicted_tpot_obs", "last_chunk", "touched")
+
+    def __init__(self, request_id: str, input_tokens: int) -> None:
+        self.request_id = request_id
+        self.input_tokens = input_tokens
+        self.ttft_slo = 0.0
+        self.tpot_slo = 0.0
+        self.rows: dict[str, dict] = {}  # endpoint name -> scheduling-time feature row
+        self.predictions: dict[str, tuple[float, float]] = {}
+        self.model_version = ""
+        self.target: str | None = None
+        self.prefill_target: str | None = None
+        self.dispatch: float | None = None
+        self.ttft_ms = 0.0
+        self.chunks = 0
+        self.tokens = 0
+        self.tokens_known = True
+        self.predicted_ttft = 0.0
+        self.predicted_tpot_obs: list[float] = []
+        self.last_chunk = 0.0
+        self.touched = 0.0
+
+
+class PredictedLatencyProducer(Configurable):
+    """Calls the predictor once per request for all candidates and writes
+    :class:`~epp_client.types.LatencyPrediction` onto each; emits training samples."""
+
+    TYPE = "predicted-latency-producer"
+    PARAMS = (
+        Param("sloBufferFactor", "slo_buffer_factor", "float", gt(0.0)),
+        Param("contextTTL", "context_ttl", "duration", gt(0.0)),
+        Param("streamingMode", "streaming_mode", "bool"),
+        Param("endpointRoleLabel", "endpoint_role_label", "str"),
+        Param("predictInProduce", "predict_in_produce", "bool"),
+        Param("prefixMatchInfoProducerName", "prefix_match_info_producer_name", "str"),
+        Param("inFlightLoadProducerName", "in_flight_load_producer_name", "str"),
+        Param("useEncoderCacheFeatures", "use_encoder_cache_features", "bool"),
+        Param("encoderCacheMatchInfoProducerName", "encoder_cache_match_info_producer_name", "str"),
+        Param("samplingMean", "sampling_mean", "float"),  # deprecated, ignored
+        Param("maxDecodeTokenSamplesForPrediction", "max_decode_token_samples_for_prediction", "int"),  # ignored
+    )
+    EXTRA = ("predictor", "sink", "clock", "wall_clock", "max_contexts")
+
+    def __init__(self, predictor: Any = None, sink: Any = None, *, slo_buffer_factor: float = 1.0,
+                 context_ttl: float = 300.0, streaming_mode: bool = False, endpoint_role_label: str = "",
+                 predict_in_produce: bool = True, prefix_match_info_producer_name: str = "",
+                 in_flight_load_producer_name: str = "", use_encoder_cache_features: bool = False,
+                 encoder_cache_match_info_producer_name: str = "", sampling_mean: float = 1000.0,
+                 max_decode_token_samples_for_prediction: int = 0,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 max_contexts: int = 100_000) -> None:
+        v = self._validated(slo_buffer_factor=slo_buffer_factor, context_ttl=context_ttl,
+                            streaming_mode=streaming_mode, endpoint_role_label=endpoint_role_label,
+                            predict_in_produce=predict_in_produce,
+                            use_encoder_cache_features=use_encoder_cache_features)
+        self.predictor = predictor
+        self.sink = sink
+        self.slo_buffer_factor = v["slo_buffer_factor"]
+        self.context_ttl = v["context_ttl"]
+        self.streaming_mode = v["streaming_mode"]
+        self.endpoint_role_label = v["endpoint_role_label"]
+        self.predict_in_produce = v["predict_in_produce"]
+        self.use_encoder_cache_features = v["use_encoder_cache_features"]
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.max_contexts = max_contexts
+        self.running = RunningQueue()
+        self._contexts: OrderedDict[str, _Context] = OrderedDict()
+        self.counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
+                         "skipped_samples": 0, "expired_contexts": 0}
+
+    # -- context TTL cache (touch on read) -----------------------------------------
+    def _expire(self, now: float) -> None:
+        ctxs = self._contexts
+        while ctxs:
+            rid, ctx = next(iter(ctxs.items()))
+            if now - ctx.touched < self.context_ttl and len(ctxs) <= self.max_contexts:
+                break
+            ctxs.popitem(last=False)
+            self.running.remove(rid)  # expiry also removes the running-queue entry
+            self.counters["expired_contexts"] += 1
+
+    def _get(self, request_id: str, now: float) -> _Context | None:
+        self._expire(now)
+        ctx = self._contexts.get(request_id)
+        if ctx is not None:
+            ctx.touched = now
+            self._contexts.move_to_end(request_id)
+        return ctx
+
+    def _store(self, ctx: _Context, now: float) -> None:
+        ctx.touched = now
+        self._contexts[ctx.request_id] = ctx
+        self._contexts.move_to_end(ctx.request_id)
+        self._expire(now)
+
+    def discard(self, request_id: str) -> None:
+        """Forget a request that was never dispatched (denied or dropped)."""
+        if self._contexts.pop(request_id, None) is not None:
+            self.running.remove(request_id)
+
+    def tracked_requests(self) -> int:
+        return len(self._contexts)
+
+    # -- Produce ---------------------------------------------------------------------
+    def _pod_type(self, e: Endpoint) -> str:
+        if not self.endpoint_role_label:
+            return ""
+        return e.labels.get(self.endpoint_role_label, "") or ""
+
+    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint], now: float) -> tuple[_Context, list[dict]]:
+        ctx = self._get(request.request_id, now)
+        if ctx is None:
+            ctx = _Context(request.request_id, max(0, int(request.input_tokens)))
+        ctx.ttft_slo = request.ttft_slo_ms
+        ctx.tpot_slo = request.tpot_slo_ms
+        encoder_input = 0
+        if self.use_encoder_cache_features:
+            for e in endpoints:
+                if e.encoder_match is not None:
+                    encoder_input = e.encoder_match.input_size  # request-level: the last one sets it
+        rows = []
+        rows_by_name = {}
+        for e in endpoints:
+            m = e.metrics
+            pm = e.prefix_match
+            prefix = pm.score if pm is not None else 0.0
+            if e.inflight is not None:
+                tokens, running = e.inflight.tokens, e.inflight.requests
+            else:
+                tokens, running = 0, (m.running_requests_size if m is not None else 0)
+            row = {
+                "kv_cache_percentage": m.kv_cache_usage if m is not None else 0.0,
+                "input_token_length": ctx.input_tokens,
+                "num_request_waiting": m.waiting_queue_size if m is not None else 0,
+                "num_request_running": running,
+                "num_tokens_generated": 0,  # A.2.5
+                "prefix_cache_score": prefix,
+                "prefill_tokens_in_flight": tokens,
+                "decode_tokens_in_flight": 0,
+                "encoder_input_size": encoder_input,
+                "encoder_matched_size": min(e.encoder_match.matched_size, encoder_input)
+                if self.use_encoder_cache_features and e.encoder_match is not None else 0,
+            }
+            pod = self._pod_type(e)
+            if pod in _KNOWN_POD_TYPES:
+                row["pod_type"] = pod
+            if m is None:
+                row["_no_metrics"] = True
+            rows.append(row)
+            rows_by_name[e.name] = row
+        ctx.rows = rows_by_name
+        return ctx, rows
+
+    def _apply(self, ctx: _Context, endpoints: list[Endpoint], result: BulkPrediction | None) -> None:
+        if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
+            self.counters["prediction_failures"] += 1
+            return  # no attribute written; consumers fall back (B1.9)
+        self.counters["predictions"] += 1
+        ttft_slo, tpot_slo, f = ctx.ttft_slo, ctx.tpot_slo, self.slo_buffer_factor
+        ctx.model_version = result.model_version
+        running = self.running
+        preds = ctx.predictions = {}
+        for e, t, p in zip(endpoints, result.ttft_ms, result.tpot_ms):
+            preds[e.name] = (t, p)
+            ttft_headroom = ttft_slo - t
+            ttft_valid = t < ttft_slo
+            if not self.streaming_mode:
+                tpot_headroom, tpot_valid = 0.0, True
+            elif self.endpoint_role_label and e.labels.get(self.endpoint_role_label) == "prefill":
+                tpot_headroom, tpot_valid = 0.0, True
+            else:
+                buffered = tpot_slo * f
+                pod_min = running.min_tpot(e.name)
+                if pod_min > 0:
+                    buffered = min(buffered, pod_min * f)
+                tpot_valid = p < buffered
+                tpot_headroom = buffered - p
+            e.prediction = LatencyPrediction(t, p, ttft_headroom, tpot_headroom, ttft_valid, tpot_valid,
+                                             running.size(e.name), result.model_version)
+
+    def _rows_for_predictor(self, rows: list[dict]) -> list[dict]:
+        if any("_no_metrics" in r for r in rows):
+            return [{k: v for k, v in r.items() if k != "_no_metrics"} for r in rows]
+        return rows
+
+    def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        ctx, rows = self._prepare(request, endpoints, now)
+        if self.predict_in_produce and endpoints and self.predictor is not None:
+            self._apply(ctx, endpoints, self.predictor.predict_bulk(self._rows_for_predictor(rows)))
+        self._store(ctx, now)
+
+    async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        ctx, rows = self._prepare(request, endpoints, now)
+        if self.predict_in_produce and endpoints and self.predictor is not None:
+            result = await self.predictor.apredict_bulk(self._rows_for_predictor(rows))
+            self._apply(ctx, endpoints, result)
+        self._store(ctx, now)
+
+    # -- PreRequest ------------------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, picks: Any, now: float | None = None) -> None:
+        """``picks``: {profile name: endpoint} (the first entry, or ``decode``, is the
+        primary profile; ``prefill`` is the prefill target), or one Endpoint / a list."""
+        now = self.clock() if now is None else now
+        if isinstance(picks, Endpoint):
+            picks = {"default": picks}
+        elif isinstance(picks, (list, tuple)):
+            picks = {"default": picks[0]} if picks else {}
+        ctx = self._get(request.request_id, now)
+        if ctx is None or not picks:
+            return
+        primary = picks.get("decode") or next((e for p, e in picks.items() if p != PREFILL_PROFILE), None)
+        prefill = picks.get(PREFILL_PROFILE)
+        if primary is None:
+            primary = prefill
+        ctx.target = primary.name
+        ctx.prefill_target = prefill.name if prefill is not None and prefill is not primary else None
+        ctx.dispatch = now
+        if request.request_id:
+            self.running.add(primary.name, request.request_id, ctx.tpot_slo)
+        chosen = ctx.prefill_target or ctx.target
+        pred = ctx.predictions.get(chosen)
+        ctx.predicted_ttft = pred[0] if pred is not None else 0.0
+
+    # -- ResponseBody -----------------------------------------------------------------
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        self.on_chunk(request_id, now, tokens)
+
+    def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        """A non-final body chunk (``tokens``: tokens it carries, when the response says)."""
+        now = self.clock() if now is None else now
+        ctx = self._get(request_id, now)
+        if ctx is None or ctx.dispatch is None or not self.streaming_mode:
+            return  # non-streaming mode ignores intermediate chunks
+        self._count(ctx, tokens)
+        ctx.last_chunk = now
+        if ctx.ttft_ms == 0:
+            ctx.ttft_ms = float(int((now - ctx.dispatch) * 1000.0))
+            ctx.chunks = 1
+            ctx.tokens = tokens if tokens is not None else 0
+            self._emit_ttft(ctx, now)
+            pred = ctx.predictions.get(ctx.target)
+            ctx.predicted_tpot_obs.append(pred[1] if pred is not None else 0.0)
+            if ctx.ttft_ms == 0:
+                ctx.ttft_ms = 1e-9  # measured (sub-ms): later chunks are not first chunks
+            return
+        ctx.chunks += 1
+
+    def _count(self, ctx: _Context, tokens: int | None) -> None:
+        if tokens is None:
+            ctx.tokens_known = False
+        elif ctx.ttft_ms:
+            ctx.tokens += tokens
+
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
+                    output_tokens: int | None = None) -> None:
+        """End of stream (or abort). Aborted / non-2xx responses train nothing (A.2.3)."""
+        now = self.clock() if now is None else now
+        ctx = self._get(request_id, now)
+        self.running.remove(request_id)
+        if ctx is None:
+            return
+        del self._contexts[request_id]
+        if ctx.dispatch is None:
+            return
+        failed = aborted or not 200 <= status < 300
+        e2e_ms = float(int((now - ctx.dispatch) * 1000.0))
+        if not self.streaming_mode:
+            if failed:
+                self.counters["skipped_samples"] += 1
+                return
+            ctx.ttft_ms = e2e_ms
+            self._emit_ttft(ctx, now)
+            return
+        if ctx.ttft_ms == 0:
+            return  # single-chunk streaming response: nothing recorded
+        ctx.chunks += 1
+        if failed:
+            self.counters["skipped_samples"] += 1
+            return
+        if output_tokens is not None and output_tokens > 0:
+            n = output_tokens
+        elif ctx.tokens_known and ctx.tokens > 0:
+            n = ctx.tokens
+        else:
+            n = ctx.chunks
+        if n <= 1:
+            return
+        ttft = ctx.ttft_ms if ctx.ttft_ms >= 1 else 0.0
+        avg_tpot = (e2e_ms - ttft) / (n - 1)
+        if avg_tpot > 0:
+            self._emit_tpot(ctx, avg_tpot, now)
+
+    # -- samples -------------------------------------------------------------------------
+    def _timestamp(self) -> str:
+        return datetime.fromtimestamp(self.wall_clock(), timezone.utc).isoformat().replace("+00:00", "Z")
+
+    def _entry(self, ctx: _Context, endpoint: str, row: dict, ttft: float, tpot: float) -> dict:
+        entry = {k: v for k, v in row.items() if k != "_no_metrics"}
+        entry["actual_ttft_ms"] = ttft
+        entry["actual_tpot_ms"] = tpot
+        entry["timestamp"] = self._timestamp()
+        pred = ctx.predictions.get(endpoint)
+        if pred is not None and math.isfinite(pred[0]) and math.isfinite(pred[1]):  # A.2.4
+            entry["predicted_ttft_ms"] = max(0.0, pred[0])
+            entry["predicted_tpot_ms"] = max(0.0, pred[1])
+            entry["model_version"] = ctx.model_version
+        return entry
+
+    def _emit_ttft(self, ctx: _Context, now: float) -> None:
+        name = ctx.prefill_target or ctx.target
+        row = ctx.rows.get(name)
+        if row is None or "_no_metrics" in row or self.sink is None or ctx.ttft_ms <= 0:
+            self.counters["skipped_samples"] += 1
+            return
+        self.sink.add([self._entry(ctx, name, row, ctx.ttft_ms, 0.0)])
+        self.counters["ttft_samples"] += 1
+
+    def _emit_tpot(self, ctx: _Context, avg_tpot: float, now: float) -> None:
+        row = ctx.rows.get(ctx.target)
+        if row is None or "_no_metrics" in row or self.sink is None:
+            self.counters["skipped_samples"] += 1
+            return
+        row = dict(row, prefix_cache_score=0.0, encoder_input_size=0, encoder_matched_size=0)
+        self.sink.add([self._entry(ctx, ctx.target, row, 0.0, avg_tpot)])
+        self.counters["tpot_samples"] += 1
+
+    # -- debug state (B1.8) ----------------------------------------------------------------
+    def dump_state(self, max_endpoints: int = 100) -> dict:
+        eps = []
+        for name in self.running.endpoints():
+            mt = self.running.min_tpot(name)
+            eps.append({"endpoint": name, "runningRequests": self.running.size(name),
+                        "minTpotSlo": mt if math.isfinite(mt) else 0})
+        eps.sort(key=lambda d: (-d["runningRequests"], d["endpoint"]))
+        return {"endpoints": eps[:max_endpoints], "totalEndpoints": len(eps), "maxEndpoints": max_endpoints,
+                "truncated": len(eps) > max_endpoints, "trackedRequests": len(self._contexts)}

@@ -1,0 +1,219 @@
+"""Scorers (B2.4, B4.1-B4.3): ``score(request, endpoints) -> {name: raw score}``.
+
+The profile clamps each raw score to [0, 1] and multiplies it by the scorer weight.
+"""
+from __future__ import annotations
+
+import math
+
+from ..params import Configurable, Param, within
+from ..types import ConfigError, Endpoint, InferenceRequest
+
+_EPS = 1e-9
+
+
+def _round_half_up(x: float) -> float:
+    # round half away from zero; x >= 0 here, so floor(x + 0.5) (B conventions)
+    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
+
+
+def _prefix_score(e: Endpoint) -> float:
+    return e.prefix_match.score if e.prefix_match is not None else 0.0
+
+
+def composite_scores(endpoints: list[Endpoint], kv_weight: float = 1.0, queue_weight: float = 1.0,
+                     prefix_weight: float = 1.0) -> dict[str, float]:
+    """The latency scorer's composite fallback (B1.9), used whenever predictions are missing."""
+    total = kv_weight + queue_weight + prefix_weight
+    if total <= 0:
+        wkv, wq, wp = 1.0, 0.0, 0.0
+    else:
+        wkv, wq, wp = kv_weight / total, queue_weight / total, prefix_weight / total
+    max_q = 0
+    for e in endpoints:
+        if e.metrics is not None and e.metrics.waiting_queue_size > max_q:
+            max_q = e.metrics.waiting_queue_size
+    out = {}
+    for e in endpoints:
+        m = e.metrics
+        q = m.waiting_queue_size if m is not None else 0
+        kv = m.kv_cache_usage if m is not None else 0.0
+        rel_queue = (max_q - q) / max_q if max_q > 0 else 1.0
+        kv_free = 1.0 - kv
+        out[e.name] = _round_half_up(100.0 * (wkv * kv_free + wq * rel_queue + wp * _prefix_score(e))) / 100.0
+    return out
+
+
+class LatencyScorer(Configurable):
+    """``latency-scorer``: scores by SLO headroom of the producer's predictions.
+
+    Positive bucket first (configured strategy), else idle negative endpoints, else the
+    first non-empty deficit bucket (TPOT-only, TTFT-only, both), always ``least`` there.
+    A.2.1: an endpoint without a prediction is on the negative side and scores 0 whenever
+    another endpoint has a prediction (upstream counts it as positive with headroom (0, 0)).
+    Without any prediction the composite fallback (B1.9) scores everyone.
+    """
+
+    TYPE = "latency-scorer"
+    PARAMS = (
+        Param("ttftWeight", "ttft_weight", "float"),
+        Param("tpotWeight", "tpot_weight", "float"),
+        Param("headroomSelectionStrategy", "headroom_selection_strategy", "str"),
+        Param("compositeKVWeight", "composite_kv_weight", "float"),
+        Param("compositeQueueWeight", "composite_queue_weight", "float"),
+        Param("compositePrefixWeight", "composite_prefix_weight", "float"),
+        Param("latencyPredictionInfoProducerName", "latency_prediction_info_producer_name", "str"),
+        Param("prefixMatchInfoProducerName", "prefix_match_info_producer_name", "str"),
+    )
+
+    def __init__(self, ttft_weight: float = 0.8, tpot_weight: float = 0.2, headroom_selection_strategy: str = "least",
+                 composite_kv_weight: float = 1.0, composite_queue_weight: float = 1.0,
+                 composite_prefix_weight: float = 1.0, latency_prediction_info_producer_name: str = "",
+                 prefix_match_info_producer_name: str = "") -> None:
+        v = self._validated(ttft_weight=ttft_weight, tpot_weight=tpot_weight,
+                            headroom_selection_strategy=headroom_selection_strategy,
+                            composite_kv_weight=composite_kv_weight, composite_queue_weight=composite_queue_weight,
+                            composite_prefix_weight=composite_prefix_weight)
+        self.ttft_weight = v["ttft_weight"]
+        self.tpot_weight = v["tpot_weight"]
+        # any value other than "most" acts as "least" (no validation upstream)
+        self.headroom_selection_strategy = v["headroom_selection_strategy"]
+        self.composite_kv_weight = v["composite_kv_weight"]
+        self.composite_queue_weight = v["composite_queue_weight"]
+        self.composite_prefix_weight = v["composite_prefix_weight"]
+        self.fallbacks = 0  # how often the composite fallback was used
+
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        scores = {e.name: 0.0 for e in endpoints}
+        positive, negative = [], []
+        for e in endpoints:
+            p = e.prediction
+            if p is None:
+                continue  # A.2.1: never in the positive bucket
+            if p.ttft_headroom_ms < 0 or p.tpot_headroom_ms < 0:
+                negative.append(e)
+            else:
+                positive.append(e)
+        if not positive and not negative:
+            self.fallbacks += 1
+            return composite_scores(endpoints, self.composite_kv_weight, self.composite_queue_weight,
+                                    self.composite_prefix_weight)
+        if positive:
+            self._score_bucket(positive, self.headroom_selection_strategy == "most", scores)
+            return scores
+        idle = [e for e in negative if e.prediction.dispatched_request_count == 0]
+        if idle:
+            self._score_bucket(idle, False, scores)
+            return scores
+        tpot_only, ttft_only, both = [], [], []
+        for e in negative:
+            p = e.prediction
+            if p.ttft_headroom_ms >= 0:
+                tpot_only.append(e)
+            elif p.tpot_headroom_ms >= 0:
+                ttft_only.append(e)
+            else:
+                both.append(e)
+        self._score_bucket(tpot_only or ttft_only or both, False, scores)
+        return scores
+
+    def _score_bucket(self, bucket: list[Endpoint], most: bool, scores: dict[str, float]) -> None:
+        wsum = self.ttft_weight + self.tpot_weight
+        if wsum <= 0:
+            alpha, beta = 1.0, 0.0
+        else:
+            alpha, beta = self.ttft_weight / wsum, self.tpot_weight / wsum
+        ht = [abs(e.prediction.ttft_headroom_ms) for e in bucket]
+        hp = [abs(e.prediction.tpot_headroom_ms) for e in bucket]
+        min_t, min_p = min(ht), min(hp)
+        r_t, r_p = max(ht) - min_t, max(hp) - min_p
+        if r_t <= _EPS and r_p > _EPS:
+            alpha, beta = 0.0, 1.0
+        elif r_p <= _EPS and r_t > _EPS:
+            alpha, beta = 1.0, 0.0
+        for e, t, p in zip(bucket, ht, hp):
+            n_t = (t - min_t) / r_t if r_t > _EPS else 0.5
+            n_p = (p - min_p) / r_p if r_p > _EPS else 0.5
+            c = alpha * n_t + beta * n_p
+            w = int(c * 100) + 1 if most else int((1 - c) * 100) + 1
+            scores[e.name] = w / 100
+
+
+class QueueScorer(Configurable):
+    """``queue-scorer``: (maxQ - q) / (maxQ - minQ) over waiting queues; 1.0 when all equal."""
+
+    TYPE = "queue-scorer"
+
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        qs = [e.metrics.waiting_queue_size if e.metrics is not None else 0 for e in endpoints]
+        if not qs:
+            return {}
+        lo, hi = min(qs), max(qs)
+        if hi == lo:
+            return {e.name: 1.0 for e in endpoints}
+        return {e.name: (hi - q) / (hi - lo) for e, q in zip(endpoints, qs)}
+
+
+class KVCacheUtilizationScorer(Configurable):
+    """``kv-cache-utilization-scorer``: 1 - KV-cache usage (a fraction)."""
+
+    TYPE = "kv-cache-utilization-scorer"
+
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        return {e.name: 1.0 - (e.metrics.kv_cache_usage if e.metrics is not None else 0.0) for e in endpoints}
+
+
+class PrefixCacheScorer(Configurable):
+    """``prefix-cache-scorer``: w·min(1, matched tokens / scale)² + (1 - w)·match/total."""
+
+    TYPE = "prefix-cache-scorer"
+    PARAMS = (
+        Param("matchLengthWeight", "match_length_weight", "float", within(0.0, 1.0)),
+        Param("matchLengthScaleTokens", "match_length_scale_tokens", "float"),
+    )
+
+    def __init__(self, match_length_weight: float = 0.0, match_length_scale_tokens: float = 8192.0) -> None:
+        v = self._validated(match_length_weight=match_length_weight, match_length_scale_tokens=match_length_scale_tokens)
+        if v["match_length_weight"] > 0 and v["match_length_scale_tokens"] <= 0:
+            raise ConfigError(f"{self.TYPE}.matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
+        self.match_length_weight = v["match_length_weight"]
+        self.match_length_scale_tokens = v["match_length_scale_tokens"]
+
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        w = self.match_length_weight
+        out = {}
+        for e in endpoints:
+            pm = e.prefix_match
+            if pm is None or pm.total_blocks <= 0:
+                out[e.name] = 0.0
+                continue
+            ratio = pm.match_blocks / pm.total_blocks
+            if w > 0:
+                length = min(1.0, pm.match_blocks * pm.block_size_tokens / self.match_length_scale_tokens)
+                out[e.name] = w * length * length + (1 - w) * ratio
+            else:
+                out[e.name] = ratio
+        return out
+
+
+class LoraAffinityScorer(Configurable):
+    """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0."""
+
+    TYPE = "lora-affinity-scorer"
+
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        target = request.target_model
+        out = {}
+        for e in endpoints:
+            m = e.metrics
+            if m is None:
+                out[e.name] = 0.0
+            elif target in m.active_lora_adapters:
+                out[e.name] = 1.0
+            elif len(m.active_lora_adapters) + len(m.waiting_lora_adapters) < m.max_active_lora:
+                out[e.name] = 0.8
+            elif target in m.waiting_lora_adapters:
+                out[e.name] = 0.6
+            else:
+                out[e.name] = 0.0
+        return out

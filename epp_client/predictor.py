@@ -1,0 +1,452 @@
+"""Where the producer gets its predictions: the ``Predictor`` protocol and two implementations.
+
+Protocol (duck-typed; both implementations below follow it)::
+
+    predict_bulk(rows: list[dict]) -> BulkPrediction | None         # synchronous
+    async apredict_bulk(rows: list[dict]) -> BulkPrediction | None  # asyncio
+    metrics: PredictorMetrics                                        # counters, latency
+    close() / async aclose()
+
+``rows`` are wire feature rows (``wire-api.md`` §1.1), one per candidate endpoint.
+``None`` means "no predictions" (any failure: invalid rows, too many rows, connection
+error, non-200, count mismatch, deadline); the caller then falls back (B1.9) and never
+blocks. Predictions map to rows by position.
+
+- :class:`InProcessPredictor` (``get_bundle()`` returns a
+  ``prediction_server.model.LoadedBundle``): validates rows with
+  ``features.matrix.raw_matrix`` and calls ``bundle.predict``; for simulators.
+- :class:`PredictorClient`: HTTP to N prediction servers (``POST /predict/bulk/strict``),
+  spread round-robin, retry once on another server on connection failure, a per-call
+  deadline (default 50 ms, A.2.8), a circuit breaker per server, an optional coalescing
+  window (async, B1.6), and metrics of calls, latency, failures and fallbacks.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import orjson
+
+from features.schema import FieldError, parse_row
+
+from .httpclient import AsyncPool, ServerAddress, SyncPool, TransportError
+
+PREDICT_PATH = "/predict/bulk/strict"
+#: upstream MaxBulkSize (LATENCY_MAX_BULK_SIZE, 1..100)
+MAX_BULK_SIZE = 100
+
+
+@dataclass
+class BulkPrediction:
+    ttft_ms: list[float]
+    tpot_ms: list[float]
+    model_version: str = ""
+    model_source: str = ""
+
+
+class Predictor(Protocol):
+    def predict_bulk(self, rows: list[dict]) -> BulkPrediction | None: ...
+
+    async def apredict_bulk(self, rows: list[dict]) -> BulkPrediction | None: ...
+
+
+class PredictorMetrics:
+    """Counters and a bounded latency reservoir. ``fallbacks`` counts calls that returned
+    None (the scheduler then used the composite score)."""
+
+    LATENCY_WINDOW = 10_000
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.successes = 0
+        self.fallbacks = 0
+        self.retries = 0
+        self.failures: dict[str, int] = {}
+        self.latency_ms: deque = deque(maxlen=self.LATENCY_WINDOW)
+        self.per_server: dict[str, dict[str, int]] = {}
+
+    def fail(self, kind: str, server: str | None = None) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+        if server is not None:
+            s = self.per_server.setdefault(server, {"calls": 0, "failures": 0})
+            s["failures"] += 1
+
+    def server_call(self, server: str) -> None:
+        s = self.per_server.setdefault(server, {"calls": 0, "failures": 0})
+        s["calls"] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        lat = sorted(self.latency_ms)
+
+        def q(p: float) -> float:
+            return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0.0
+
+        return {"calls": self.calls, "successes": self.successes, "fallbacks": self.fallbacks,
+                "retries": self.retries, "failures": dict(self.failures),
+                "latency_ms": {"p50": q(0.5), "p99": q(0.99), "n": len(lat)},
+                "per_server": {k: dict(v) for k, v in self.per_server.items()}}
+
+
+def check_rows(rows: Sequence[dict], max_bulk_size: int = MAX_BULK_SIZE) -> str | None:
+    """Client-side checks before any call (B1.6 step 1); an error message or None."""
+    if not rows:
+        return "empty row list"
+    if len(rows) > max_bulk_size:
+        return f"{len(rows)} rows exceed the maximum bulk size {max_bulk_size}"
+    try:
+        for i, r in enumerate(rows):
+            parse_row(r, ("requests", i))
+    except FieldError as e:
+        return str(e)
+    return None
+
+
+class InProcessPredictor:
+    """Predictions from a ``LoadedBundle`` in this process (no HTTP)."""
+
+    def __init__(self, get_bundle: Callable[[], Any], max_bulk_size: int = MAX_BULK_SIZE,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.get_bundle = get_bundle
+        self.max_bulk_size = max_bulk_size
+        self.metrics = PredictorMetrics()
+        self._clock = clock
+
+    def predict_bulk(self, rows: list[dict]) -> BulkPrediction | None:
+        from features.matrix import raw_matrix
+
+        m = self.metrics
+        m.calls += 1
+        t0 = self._clock()
+        if not rows or len(rows) > self.max_bulk_size:
+            m.fail("invalid_rows")
+            m.fallbacks += 1
+            return None
+        try:
+            raw = raw_matrix(rows)
+            bundle = self.get_bundle()
+            ttft, tpot = bundle.predict(raw)
+        except FieldError:
+            m.fail("invalid_rows")
+            m.fallbacks += 1
+            return None
+        except Exception:  # a broken bundle must not break routing
+            m.fail("predict_error")
+            m.fallbacks += 1
+            return None
+        m.successes += 1
+        m.latency_ms.append((self._clock() - t0) * 1000.0)
+        return BulkPrediction(ttft.tolist(), tpot.tolist(), bundle.version, bundle.source)
+
+    async def apredict_bulk(self, rows: list[dict]) -> BulkPrediction | None:
+        return self.predict_bulk(rows)
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+class CircuitBreaker:
+    """Per server: opens after ``failure_threshold`` consecutive failures for ``open_s``;
+    then half-open (calls allowed; one more failure reopens it, a success closes it)."""
+
+    def __init__(self, failure_threshold: int = 3, open_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.failure_threshold = failure_threshold
+        self.open_s = open_s
+        self.clock = clock
+        self.consecutive = 0
+        self.open_until = 0.0
+        self.opened = 0  # how many times it opened
+
+    def allows(self) -> bool:
+        return self.consecutive < self.failure_threshold or self.clock() >= self.open_until
+
+    @property
+    def is_open(self) -> bool:
+        return not self.allows()
+
+    def success(self) -> None:
+        self.consecutive = 0
+
+    def failure(self) -> None:
+        self.consecutive += 1
+        if self.consecutive >= self.failure_threshold:
+            self.open_until = self.clock() + self.open_s
+            self.opened += 1
+
+
+class _CallFailed(Exception):
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def _env_int(name: str, default: int, ok: Callable[[int], bool]) -> int:
+    try:
+        v = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return v if ok(v) else default
+
+
+class PredictorClient:
+    """HTTP client for N prediction servers (see the module docstring).
+
+    ``deadline_ms`` bounds a whole call, retry included; ``coalesce_window_ms`` > 0 merges
+    concurrent async calls into one POST (B1.6; the sync path never coalesces).
+    """
+
+    def __init__(self, urls: Sequence[str] | str, deadline_ms: float = 50.0, max_bulk_size: int = MAX_BULK_SIZE,
+                 coalesce_window_ms: float = 0.0, max_coalesced_rows: int = 0, max_concurrent_dispatches: int = 36,
+                 failure_threshold: int = 3, circuit_open_s: float = 1.0, max_idle_connections: int = 32,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(urls, str):
+            urls = [u for u in (x.strip() for x in urls.split(",")) if u]
+        if not urls:
+            raise ValueError("PredictorClient needs at least one prediction server URL")
+        if deadline_ms <= 0:
+            raise ValueError("deadline_ms must be > 0")
+        if not 1 <= max_bulk_size <= 10_000:
+            raise ValueError("max_bulk_size must be in 1..10000")
+        self.servers = [ServerAddress.parse(u) for u in urls]
+        self.deadline_s = deadline_ms / 1000.0
+        self.max_bulk_size = max_bulk_size
+        self.coalesce_window_s = max(0.0, coalesce_window_ms) / 1000.0
+        self.max_coalesced_rows = max(0, max_coalesced_rows)
+        self.max_concurrent_dispatches = max(1, max_concurrent_dispatches)
+        self.clock = clock
+        self.breakers = {s.url: CircuitBreaker(failure_threshold, circuit_open_s, clock) for s in self.servers}
+        self._apools = {s.url: AsyncPool(s, max_idle_connections) for s in self.servers}
+        self._spools = {s.url: SyncPool(s) for s in self.servers}
+        self._rr = 0
+        self._lock = threading.Lock()
+        self.metrics = PredictorMetrics()
+        self._coalescer: _Coalescer | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "PredictorClient":
+        """Upstream environment variables (B1.6); invalid values keep the default."""
+        kw: dict[str, Any] = {
+            "urls": os.environ.get("PREDICTION_SERVER_URL") or "http://localhost:8001",
+            "max_bulk_size": _env_int("LATENCY_MAX_BULK_SIZE", MAX_BULK_SIZE, lambda v: 1 <= v <= 100),
+            "coalesce_window_ms": _env_int("LATENCY_COALESCE_WINDOW_MS", 0, lambda v: v >= 0),
+            "max_coalesced_rows": _env_int("LATENCY_MAX_COALESCED_ROWS", 0, lambda v: v >= 0),
+            "max_concurrent_dispatches": _env_int("LATENCY_MAX_CONCURRENT_DISPATCHES", 36, lambda v: v > 0),
+            "deadline_ms": _env_int("LATENCY_PREDICTION_DEADLINE_MS", 50, lambda v: v > 0),
+        }
+        kw.update(overrides)
+        return cls(**kw)
+
+    # -- server choice -------------------------------------------------------------
+    def _next_servers(self) -> list[ServerAddress]:
+        """Servers whose circuit allows a call, starting at the round-robin position."""
+        with self._lock:
+            start = self._rr
+            self._rr = (self._rr + 1) % len(self.servers)
+        n = len(self.servers)
+        order = [self.servers[(start + i) % n] for i in range(n)]
+        return [s for s in order if self.breakers[s.url].allows()]
+
+    def _parse(self, status: int, payload: bytes, n: int) -> BulkPrediction:
+        if status != 200:
+            raise _CallFailed(f"status_{status}")
+        try:
+            preds = orjson.loads(payload)["predictions"]
+            if len(preds) != n:
+                raise _CallFailed("count_mismatch")
+            ttft = [float(p["ttft_ms"]) for p in preds]
+            tpot = [float(p["tpot_ms"]) for p in preds]
+            first = preds[0] if preds else {}
+            return BulkPrediction(ttft, tpot, str(first.get("model_version") or ""), str(first.get("model_source") or ""))
+        except _CallFailed:
+            raise
+        except Exception:
+            raise _CallFailed("bad_response") from None
+
+    def _failed(self, kind: str) -> None:
+        self.metrics.fail(kind)
+        self.metrics.fallbacks += 1
+
+    # -- one call, shared by both paths ------------------------------------------
+    def _begin(self, rows: list[dict]) -> float | None:
+        """Count the call and check the rows; the start time, or None when invalid."""
+        self.metrics.calls += 1
+        t0 = self.clock()
+        if check_rows(rows, self.max_bulk_size) is not None:
+            self._failed("invalid_rows")
+            return None
+        return t0
+
+    def _end(self, result: BulkPrediction | None, t0: float) -> BulkPrediction | None:
+        m = self.metrics
+        if result is None:
+            m.fallbacks += 1
+        else:
+            m.successes += 1
+            m.latency_ms.append((self.clock() - t0) * 1000.0)
+        return result
+
+    def _attempt(self, attempt: int, s: ServerAddress, t0: float) -> float | None:
+        """Bookkeeping before an attempt; the remaining time, or None when it is spent."""
+        remaining = self.deadline_s - (self.clock() - t0)
+        if remaining <= 0:
+            self.metrics.fail("timeout")
+            return None
+        if attempt:
+            self.metrics.retries += 1
+        self.metrics.server_call(s.url)
+        return remaining
+
+    def _record_failure(self, s: ServerAddress, exc: BaseException) -> bool:
+        """Count a failed attempt against the server; True when another server may be tried."""
+        self.breakers[s.url].failure()
+        if isinstance(exc, TransportError):
+            self.metrics.fail("connection", s.url)
+            return True
+        self.metrics.fail(exc.kind if isinstance(exc, _CallFailed) else "timeout", s.url)
+        return False
+
+    def _servers(self) -> list[ServerAddress]:
+        servers = self._next_servers()[:2]
+        if not servers:
+            self.metrics.fail("circuit_open")
+        return servers
+
+    # -- synchronous -----------------------------------------------------------------
+    def predict_bulk(self, rows: list[dict]) -> BulkPrediction | None:
+        t0 = self._begin(rows)
+        if t0 is None:
+            return None
+        return self._end(self._call(orjson.dumps({"requests": rows}), len(rows), t0), t0)
+
+    def _call(self, body: bytes, n: int, t0: float) -> BulkPrediction | None:
+        for attempt, s in enumerate(self._servers()):
+            remaining = self._attempt(attempt, s, t0)
+            if remaining is None:
+                return None
+            try:
+                status, payload = self._spools[s.url].post(PREDICT_PATH, body, remaining)
+                result = self._parse(status, payload, n)
+            except (TransportError, TimeoutError, _CallFailed) as e:
+                if self._record_failure(s, e):
+                    continue
+                return None
+            self.breakers[s.url].success()
+            return result
+        return None
+
+    # -- asyncio -----------------------------------------------------------------------
+    async def apredict_bulk(self, rows: list[dict]) -> BulkPrediction | None:
+        t0 = self._begin(rows)
+        if t0 is None:
+            return None
+        if self.coalesce_window_s <= 0:
+            return self._end(await self._acall(orjson.dumps({"requests": rows}), len(rows), t0), t0)
+        if self._coalescer is None:
+            self._coalescer = _Coalescer(self)
+        fut = self._coalescer.submit(rows)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(fut), self.deadline_s)
+        except TimeoutError:
+            self.metrics.fail("timeout")
+            result = None
+        return self._end(result, t0)
+
+    async def _acall(self, body: bytes, n: int, t0: float) -> BulkPrediction | None:
+        """One bulk POST within the deadline, retrying once on another server on a
+        connection failure. Failures are counted here; None on failure."""
+        for attempt, s in enumerate(self._servers()):
+            remaining = self._attempt(attempt, s, t0)
+            if remaining is None:
+                return None
+            try:
+                async with asyncio.timeout(remaining):
+                    status, payload = await self._apools[s.url].post(PREDICT_PATH, body)
+                result = self._parse(status, payload, n)
+            except (TransportError, TimeoutError, _CallFailed) as e:
+                if self._record_failure(s, e):
+                    continue
+                return None
+            self.breakers[s.url].success()
+            return result
+        return None
+
+    def close(self) -> None:
+        for p in self._spools.values():
+            p.close()
+
+    async def aclose(self) -> None:
+        if self._coalescer is not None:
+            self._coalescer.shutdown()
+        for p in self._apools.values():
+            p.close()
+        self.close()
+
+
+class _Coalescer:
+    """B1.6 coalescer: the first submission starts a timer of the window; the batch is
+    dispatched when it fires or as soon as ``max_coalesced_rows`` (> 0) is reached, as one
+    POST (rows concatenated in arrival order); each caller gets its slice."""
+
+    def __init__(self, client: PredictorClient) -> None:
+        self.client = client
+        self.pending: list[tuple[list[dict], asyncio.Future]] = []
+        self.pending_rows = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.sem = asyncio.Semaphore(client.max_concurrent_dispatches)
+        self.tasks: set[asyncio.Task] = set()
+        self.batches = 0
+
+    def submit(self, rows: list[dict]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.pending.append((rows, fut))
+        self.pending_rows += len(rows)
+        if self.timer is None:
+            self.timer = loop.call_later(self.client.coalesce_window_s, self.flush)
+        cap = self.client.max_coalesced_rows
+        if cap > 0 and self.pending_rows >= cap:
+            self.flush()
+        return fut
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        batch, self.pending, self.pending_rows = self.pending, [], 0
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._dispatch(batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _dispatch(self, batch: list[tuple[list[dict], asyncio.Future]]) -> None:
+        self.batches += 1
+        rows = [r for rs, _ in batch for r in rs]
+        async with self.sem:
+            result = await self.client._acall(orjson.dumps({"requests": rows}), len(rows), self.client.clock())
+        off = 0
+        for rs, fut in batch:
+            n = len(rs)
+            if not fut.done():
+                fut.set_result(None if result is None else BulkPrediction(
+                    result.ttft_ms[off:off + n], result.tpot_ms[off:off + n], result.model_version,
+                    result.model_source))
+            off += n
+
+    def shutdown(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for _, fut in self.pending:
+            if not fut.done():
+                fut.set_result(None)
+        self.pending = []
+        for t in self.tasks:
+            t.cancel()

@@ -1,0 +1,234 @@
+"""Scheduling profiles and the scheduler: producer → admitters → filters → weighted
+scorers → picker (B1.1 steps 4-8).
+
+Synchronous (``Scheduler.schedule``, for a discrete-event simulator without an event
+loop) and asynchronous (``await Scheduler.aschedule``, for the gateway). Both return a
+:class:`SchedulingResult` with the picked endpoints, the per-endpoint weighted scores of
+the primary profile and the admission decision. Candidates are cloned per request
+(the director snapshots them), so the producer's predictions never leak into the
+caller's ``Endpoint`` objects.
+
+After the pick, the router drives the request lifecycle through the scheduler (it
+forwards to the producer and to the in-flight accounting)::
+
+    res = sched.schedule(req, endpoints)            # or await sched.aschedule(...)
+    if res.ok: sched.pre_request(req, res)          # dispatch
+    sched.on_first_chunk(req.request_id, now=...)   # streaming: first body chunk
+    sched.on_chunk(req.request_id, now=...)         # later chunks
+    sched.on_complete(req.request_id, now=..., status=200, aborted=False, output_tokens=None)
+
+Build from Python objects (``Scheduler(producer=..., admitters=[...], profiles=[...])``)
+or from an EndpointPickerConfig-style dict / YAML text with :meth:`Scheduler.from_config`.
+Not thread-safe: one scheduler per event loop / simulator.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .inflight import InFlightTracker
+from .plugins.pickers import MaxScorePicker
+from .plugins.producer import PredictedLatencyProducer
+from .types import ADMITTED, Admission, ConfigError, Endpoint, InferenceRequest
+
+log = logging.getLogger(__name__)
+
+#: The director's default per-producer timeout (B1.1 step 5).
+PRODUCER_TIMEOUT_S = 0.4
+
+
+@dataclass
+class SchedulingProfile:
+    """Filters in order, weighted scorers (weight default 1.0), one picker."""
+
+    name: str = "default"
+    filters: list = field(default_factory=list)
+    scorers: list = field(default_factory=list)  # [(scorer, weight)]
+    picker: Any = None
+
+    def run(self, request: InferenceRequest, endpoints: list[Endpoint]) -> "ProfileResult":
+        candidates = endpoints
+        for f in self.filters:
+            candidates = f.filter(request, candidates)
+            if not candidates:
+                return ProfileResult(self.name, [], {}, filtered=[])
+        totals = {e.name: 0.0 for e in candidates}
+        for scorer, weight in self.scorers:
+            raw = scorer.score(request, candidates)
+            for name, s in raw.items():
+                if name in totals:
+                    # clamp to [0, 1] then weight (NaN counts as 0)
+                    totals[name] += (1.0 if s > 1.0 else s if s > 0.0 else 0.0) * weight
+        picker = self.picker if self.picker is not None else _DEFAULT_PICKER
+        return ProfileResult(self.name, picker.pick(candidates, totals), totals, filtered=candidates)
+
+
+_DEFAULT_PICKER = MaxScorePicker()
+
+
+@dataclass
+class ProfileResult:
+    name: str
+    picked: list
+    scores: dict
+    filtered: list = field(default_factory=list)
+
+
+@dataclass
+class SchedulingResult:
+    request_id: str
+    picked: list  # primary profile's picked endpoints (empty when not admitted / dropped)
+    scores: dict  # primary profile's weighted scores of the filtered candidates
+    admission: Admission
+    profiles: dict = field(default_factory=dict)  # name -> ProfileResult
+    candidates: list = field(default_factory=list)  # per-request clones, with predictions
+    status: int = 200  # 200, or the HTTP status a gateway should answer
+    reason: str = ""  # e.g. the admission reason or "rejected-saturated"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and bool(self.picked)
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        return self.picked[0] if self.picked else None
+
+    @property
+    def picks(self) -> dict[str, Endpoint]:
+        """Profile name -> that profile's first picked endpoint (for PreRequest)."""
+        return {name: pr.picked[0] for name, pr in self.profiles.items() if pr.picked}
+
+
+class Scheduler:
+    def __init__(self, producer: PredictedLatencyProducer | None = None, admitters: Sequence = (),
+                 profiles: Sequence[SchedulingProfile] | SchedulingProfile = (), inflight: InFlightTracker | None = None,
+                 primary_profile: str | None = None, producer_timeout_s: float = PRODUCER_TIMEOUT_S) -> None:
+        if isinstance(profiles, SchedulingProfile):
+            profiles = [profiles]
+        self.producer = producer
+        self.admitters = list(admitters)
+        self.profiles = list(profiles) or [default_profile()]
+        self.inflight = inflight
+        names = [p.name for p in self.profiles]
+        if len(set(names)) != len(names):
+            raise ConfigError("schedulingProfiles", f"duplicate profile names: {names}")
+        if primary_profile is None:
+            primary_profile = "decode" if "decode" in names else names[0]
+        self.primary_profile = primary_profile
+        self.producer_timeout_s = producer_timeout_s
+        self.producer_errors = 0
+
+    # -- building ------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping | str, predictor: Any = None, sink: Any = None,
+                    rng: random.Random | None = None, **kwargs: Any) -> "Scheduler":
+        from .config import build_scheduler
+
+        return build_scheduler(config, predictor=predictor, sink=sink, rng=rng, **kwargs)
+
+    # -- scheduling ----------------------------------------------------------------------
+    def _prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        if not request.request_id:
+            request.request_id = str(uuid.uuid4())  # the director generates x-request-id
+            request.headers["x-request-id"] = request.request_id
+        clones = [e.clone() for e in endpoints]
+        tracker = self.inflight
+        for c in clones:
+            c.prediction = None
+            if tracker is not None and c.inflight is None:
+                c.inflight = tracker.snapshot(c.name)
+        return clones
+
+    def _finish(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        if not candidates:
+            return SchedulingResult(request.request_id, [], {}, ADMITTED, status=503, reason="rejected-no-endpoints")
+        admission = ADMITTED
+        for a in self.admitters:
+            admission = a.admit(request, candidates)
+            if not admission.admitted:
+                self._discard(request)
+                return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates,
+                                        status=admission.status, reason=admission.reason)
+        results = {}
+        for profile in self.profiles:
+            results[profile.name] = profile.run(request, candidates)
+        primary = results[self.primary_profile]
+        if not primary.picked:
+            self._discard(request)
+            return SchedulingResult(request.request_id, [], primary.scores, admission, results, candidates,
+                                    status=429, reason="rejected-saturated")
+        return SchedulingResult(request.request_id, primary.picked, primary.scores, admission, results, candidates)
+
+    def _discard(self, request: InferenceRequest) -> None:
+        if self.producer is not None:
+            self.producer.discard(request.request_id)
+
+    def _producer_failed(self, candidates: list[Endpoint]) -> None:
+        # the director logs a producer error (or timeout) and goes on; nothing is published
+        self.producer_errors += 1
+        for c in candidates:
+            c.prediction = None
+        log.warning("predicted-latency producer failed or timed out", exc_info=True)
+
+    def schedule(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                 now: float | None = None) -> SchedulingResult:
+        candidates = self._prepare(request, endpoints)
+        if candidates and self.producer is not None:
+            try:
+                self.producer.produce(request, candidates, now)
+            except Exception:
+                self._producer_failed(candidates)
+        return self._finish(request, candidates)
+
+    async def aschedule(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                        now: float | None = None) -> SchedulingResult:
+        candidates = self._prepare(request, endpoints)
+        if candidates and self.producer is not None:
+            try:
+                async with asyncio.timeout(self.producer_timeout_s):
+                    await self.producer.aproduce(request, candidates, now)
+            except Exception:
+                self._producer_failed(candidates)
+        return self._finish(request, candidates)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult, now: float | None = None) -> None:
+        picks = result.picks
+        if not picks:
+            return
+        if self.primary_profile in picks:  # primary first
+            picks = {self.primary_profile: picks[self.primary_profile],
+                     **{k: v for k, v in picks.items() if k != self.primary_profile}}
+        if self.inflight is not None:
+            self.inflight.pre_request(request, picks)
+        if self.producer is not None:
+            self.producer.pre_request(request, picks, now)
+
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        if self.inflight is not None:
+            self.inflight.on_first_chunk(request_id)
+        if self.producer is not None:
+            self.producer.on_first_chunk(request_id, now, tokens)
+
+    def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        if self.producer is not None:
+            self.producer.on_chunk(request_id, now, tokens)
+
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
+                    output_tokens: int | None = None) -> None:
+        if self.inflight is not None:
+            self.inflight.on_complete(request_id)
+        if self.producer is not None:
+            self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
+
+
+def default_profile() -> SchedulingProfile:
+    """Upstream's default without a config: queue (2), kv (2), prefix (3), max-score picker."""
+    from .plugins.scorers import KVCacheUtilizationScorer, PrefixCacheScorer, QueueScorer
+
+    return SchedulingProfile("default", [], [(QueueScorer(), 2.0), (KVCacheUtilizationScorer(), 2.0),
+                                             (PrefixCacheScorer(), 3.0)], MaxScorePicker())

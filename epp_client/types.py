@@ -1,0 +1,172 @@
+"""Data types shared by every plugin (``epp-plugins.md`` Part A.1).
+
+Plain dataclasses; every field has a default so tests and routers can build partial
+ones. One :class:`Endpoint` per data-parallel rank (B4.6): ``name`` is unique per rank
+(for example ``<pod>-rank-<i>``), and every per-endpoint map in the plugins is keyed by it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: SLO request headers: the new name first, then the deprecated alias (B §1.3, B3).
+TTFT_SLO_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+TPOT_SLO_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+
+
+class ConfigError(ValueError):
+    """An invalid plugin or scheduler parameter; ``param`` names it."""
+
+    def __init__(self, param: str, msg: str) -> None:
+        self.param = param
+        self.msg = msg
+        super().__init__(f"{param}: {msg}")
+
+
+@dataclass
+class EndpointMetrics:
+    """Scraped server metrics (a scheduling-time snapshot). ``kv_cache_usage`` is a fraction."""
+
+    kv_cache_usage: float = 0.0
+    waiting_queue_size: int = 0
+    running_requests_size: int = 0
+    active_lora_adapters: frozenset = frozenset()
+    waiting_lora_adapters: frozenset = frozenset()
+    max_active_lora: int = 0
+
+
+@dataclass
+class PrefixMatch:
+    """PrefixCacheMatchInfo: how many of the request's prompt blocks the endpoint caches."""
+
+    match_blocks: int = 0
+    total_blocks: int = 0
+    block_size_tokens: int = 16
+
+    @property
+    def score(self) -> float:
+        # A.2.7: total 0 gives 0, never +Inf (upstream divides anyway)
+        if self.total_blocks <= 0:
+            return 0.0
+        s = self.match_blocks / self.total_blocks
+        return 0.0 if s != s else s
+
+
+@dataclass
+class EncoderMatch:
+    """EncoderCacheMatchInfo (multimodal): request input size and the part this endpoint caches."""
+
+    input_size: int = 0
+    matched_size: int = 0
+
+
+@dataclass
+class InFlightLoad:
+    """Requests and uncached prompt tokens this router has in flight on an endpoint (B4.4)."""
+
+    tokens: int = 0
+    requests: int = 0
+
+
+@dataclass
+class LatencyPrediction:
+    """LatencyPredictionInfo written by the producer onto each candidate (B1.3, B1.5)."""
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    ttft_headroom_ms: float = 0.0
+    tpot_headroom_ms: float = 0.0
+    ttft_valid: bool = False
+    tpot_valid: bool = False
+    dispatched_request_count: int = 0
+    model_version: str = ""
+
+    @property
+    def is_valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One schedulable target: a pod, or one data-parallel rank of it."""
+
+    name: str = ""
+    address: str = ""
+    port: int = 0
+    rank: int = 0
+    labels: dict = field(default_factory=dict)
+    metrics: EndpointMetrics | None = field(default_factory=EndpointMetrics)
+    prefix_match: PrefixMatch | None = None
+    inflight: InFlightLoad | None = None
+    prediction: LatencyPrediction | None = None
+    encoder_match: EncoderMatch | None = None
+
+    def clone(self) -> "Endpoint":
+        """Per-request copy (the director clones candidates at scheduling time)."""
+        new = object.__new__(Endpoint)
+        new.__dict__.update(self.__dict__)
+        return new
+
+    @property
+    def host_port(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+def parse_slo(headers: dict, names: tuple[str, str]) -> float:
+    """Float SLO from the first header *present* (new name, then alias); 0 when invalid.
+
+    Like upstream's general float parser, ``1e3``, negatives, NaN and Inf parse.
+    """
+    for name in names:
+        if name in headers:
+            value = headers[name]
+            try:
+                return float(str(value).strip())
+            except (TypeError, ValueError):
+                return 0.0
+    return 0.0
+
+
+@dataclass
+class InferenceRequest:
+    """The request as the scheduler sees it. Header names must be lower-case.
+
+    ``priority < 0`` means sheddable. ``max_tokens`` (client ``max_tokens``) is only used
+    by the in-flight accounting when estimated output tokens are enabled.
+    """
+
+    request_id: str = ""
+    headers: dict = field(default_factory=dict)
+    priority: int = 0
+    input_tokens: int = 0
+    target_model: str = ""
+    streaming: bool = False
+    max_tokens: int | None = None
+
+    @property
+    def ttft_slo_ms(self) -> float:
+        return parse_slo(self.headers, TTFT_SLO_HEADERS)
+
+    @property
+    def tpot_slo_ms(self) -> float:
+        return parse_slo(self.headers, TPOT_SLO_HEADERS)
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+@dataclass
+class Admission:
+    """Admission decision. A.2.2: a denial is ``Admission(False, reason, status=429)``."""
+
+    admitted: bool = True
+    reason: str = ""
+    status: int = 200
+
+
+ADMITTED = Admission(True)
+
+
+def finite_or_zero(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
