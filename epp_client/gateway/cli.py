@@ -1,0 +1,73 @@
+"""Command line of the gateway: parse flags, validate settings, run uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .settings import GatewaySettings, SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="latency-predictor gateway",
+                                 description="OpenAI-compatible routing gateway in front of model servers")
+    ap.add_argument("--endpoints", type=lambda s: [x for x in s.split(",") if x.strip()],
+                    help="comma-separated base URLs of the model servers (env LATENCY_GATEWAY_ENDPOINTS)")
+    ap.add_argument("--config", help="EndpointPickerConfig YAML for the epp_client scheduler")
+    ap.add_argument("--host", help="bind address (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, help="listen port (default 8080)")
+    ap.add_argument("--prediction-urls", dest="prediction_urls",
+                    type=lambda s: [x for x in s.split(",") if x.strip()],
+                    help="prediction servers (env PREDICTION_SERVER_URL)")
+    ap.add_argument("--training-url", dest="training_url", help="training server (env TRAINING_SERVER_URL)")
+    ap.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
+    ap.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
+    ap.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
+    ap.add_argument("--request-timeout", dest="request_timeout_s", type=float)
+    ap.add_argument("--max-attempts", dest="max_attempts", type=int)
+    ap.add_argument("--block-size-tokens", dest="block_size_tokens", type=int)
+    ap.add_argument("--objective", dest="objectives", action="append", default=[],
+                    help="NAME=PRIORITY for x-llm-d-inference-objective (repeatable)")
+    ap.add_argument("--log-level", default="warning")
+    return ap
+
+
+def make_router(settings: GatewaySettings):
+    """The epp_client scheduler when a config is given, else the built-in router."""
+    if settings.config is None:
+        from .router import BuiltinRouter
+
+        return BuiltinRouter()
+    from .epp_router import EppRouter
+
+    return EppRouter.from_settings(settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    objectives: dict[str, int] = {}
+    for item in args.objectives:
+        name, _, prio = item.partition("=")
+        try:
+            objectives[name] = int(prio)
+        except ValueError:
+            print(f"gateway: --objective {item!r}: expected NAME=INTEGER", file=sys.stderr)
+            return 2
+    d = vars(args).copy()
+    d["objectives"] = objectives
+    try:
+        settings = GatewaySettings.from_env_and_args(d)
+        router = make_router(settings)
+    except (SettingsError, ValueError, OSError) as e:
+        print(f"gateway: bad setting: {e}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .app import build_app
+    from .core import Gateway
+
+    logging.basicConfig(level=args.log_level.upper())
+    gw = Gateway(settings, router)
+    uvicorn.run(build_app(gw), host=settings.host, port=settings.port, log_level=args.log_level,
+                lifespan="on", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,74 @@
+"""The gateway's own Prometheus metrics (one registry per gateway, no global state)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .prompt import slo_header
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import Gateway
+
+LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class GatewayMetrics:
+    def __init__(self, gw: "Gateway") -> None:
+        self.gw = gw
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "latency_gateway_"
+        self.requests = Counter(p + "requests_total", "Requests answered, by path and status",
+                                ["path", "status"], registry=r)
+        self.decisions = Counter(p + "decisions_total", "Requests served by each endpoint",
+                                 ["endpoint"], registry=r)
+        self.retries = Counter(p + "retries_total", "Retries on another endpoint before the first byte",
+                               ["endpoint"], registry=r)
+        self.upstream_errors = Counter(p + "upstream_errors_total", "Upstream failures by stage",
+                                       ["endpoint", "stage"], registry=r)
+        self.fallbacks = Counter(p + "fallbacks_total", "Routing decisions made without predictions",
+                                 ["reason"], registry=r)
+        self.admission_denied = Counter(p + "admission_denied_total", "Requests denied admission (429)",
+                                        ["reason"], registry=r)
+        self.disconnects = Counter(p + "client_disconnects_total", "Client disconnects", ["stage"], registry=r)
+        self.ttft = Histogram(p + "ttft_seconds", "Time to first token from dispatch (E2E when not streaming)",
+                              ["endpoint"], buckets=LAT_BUCKETS, registry=r)
+        self.tpot = Histogram(p + "tpot_seconds", "Average time per output token after the first",
+                              ["endpoint"], buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_seconds", "Whole request from dispatch", ["endpoint"],
+                             buckets=LAT_BUCKETS, registry=r)
+        self.slo_violations = Counter(p + "slo_violations_total", "Requests over their SLO header",
+                                      ["type"], registry=r)
+        inflight = Gauge(p + "inflight_requests", "Requests in flight per endpoint", ["endpoint"], registry=r)
+        inflight_tok = Gauge(p + "inflight_tokens", "Uncached prompt tokens in flight before the first token",
+                             ["endpoint"], registry=r)
+        kv = Gauge(p + "endpoint_kv_cache_usage", "Last scraped KV-cache use (fraction)", ["endpoint"], registry=r)
+        hit = Gauge(p + "prefix_indexer_hit_ratio", "Share of prompt blocks found in the chosen endpoint's LRU",
+                    registry=r)
+        for ep in gw.endpoints:
+            inflight.labels(endpoint=ep.name).set_function(lambda e=ep: e.inflight_requests)
+            inflight_tok.labels(endpoint=ep.name).set_function(lambda e=ep: e.inflight_tokens)
+            kv.labels(endpoint=ep.name).set_function(lambda e=ep: e.metrics.kv_cache_usage or 0.0)
+        hit.set_function(lambda: gw.prefix.hit_ratio)
+
+    def observe(self, info, cand, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
+        name = cand.state.name
+        self.requests.labels(path=info.path, status=str(status)).inc()
+        if not ok:
+            return
+        if ttft_ms is not None:
+            self.ttft.labels(endpoint=name).observe(ttft_ms / 1000.0)
+            slo = slo_header(info.headers, "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+            if slo > 0 and ttft_ms > slo:
+                self.slo_violations.labels(type="ttft").inc()
+        if tpot_ms is not None:
+            self.tpot.labels(endpoint=name).observe(tpot_ms / 1000.0)
+            slo = slo_header(info.headers, "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+            if slo > 0 and tpot_ms > slo:
+                self.slo_violations.labels(type="tpot").inc()
+        if e2e_ms is not None:
+            self.e2e.labels(endpoint=name).observe(e2e_ms / 1000.0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
