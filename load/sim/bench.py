@@ -1,0 +1,107 @@
+"""Run a scenario: every policy on the same arrivals, at each load level."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from . import workloads as W
+from .engine import ClusterConfig, Simulation
+from .report import summarize
+from .routers import NATIVE
+from .scenarios import Scenario
+
+EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted")
+
+
+@dataclass
+class RunOptions:
+    seed: int = 0
+    limit: int | None = None               # cap on requests (quick runs)
+    predictor_url: str | None = None       # predicted policies against real servers
+    training_url: str | None = None
+    retrain_interval_s: float = 30.0       # simulated seconds between retrains (in-process mode)
+    record_trace: object | None = None     # a file-like object receiving JSONL training entries
+    extra: dict = field(default_factory=dict)
+
+
+def make_router(policy: str, opts: RunOptions, n_servers: int):
+    if policy in NATIVE:
+        return NATIVE[policy](opts.seed)
+    if policy in EPP_POLICIES:
+        from . import epp_routers
+        return epp_routers.make(policy, opts, n_servers)
+    raise ValueError(f"unknown policy {policy!r}; known: {', '.join((*NATIVE, *EPP_POLICIES))}")
+
+
+def known_policies() -> tuple[str, ...]:
+    return (*NATIVE, *EPP_POLICIES)
+
+
+def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
+    arrivals = scenario.workload(opts.seed)
+    if opts.limit is not None:
+        arrivals = arrivals[:opts.limit]
+    if not arrivals:
+        raise ValueError(f"scenario {scenario.name}: empty workload")
+    return arrivals, W.capacity_rps(arrivals, scenario.servers)
+
+
+def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float, policy: str, opts: RunOptions,
+            progress: Callable[[float], None] | None = None):
+    """Simulate one (load, policy); returns (metrics, raw latency arrays, router)."""
+    scaled = W.scale_to_rate(arrivals, load * capacity)
+    reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
+    router = make_router(policy, opts, len(scenario.servers))
+    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s)
+    sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
+                     progress=progress)
+    res = sim.run()
+    res.extra.update(router.stats())
+    close = getattr(router, "close", None)
+    if close is not None:
+        close()
+    m, raw = summarize(res, len(scenario.servers))
+    return m, raw, router
+
+
+class ProgressBar:
+    """One line on stderr: overall progress and the current run."""
+
+    def __init__(self, total_runs: int, stream=sys.stderr, enabled: bool = True) -> None:
+        self.total = total_runs
+        self.stream = stream
+        self.enabled = enabled
+        self.done = 0
+        self.label = ""
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def start(self, label: str) -> None:
+        self.label = label
+        self.update(0.0)
+
+    def update(self, frac: float) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if 0.0 < frac < 1.0 and now - self._last < 0.25:
+            return
+        self._last = now
+        overall = (self.done + frac) / max(1, self.total)
+        width = 30
+        fill = int(width * overall)
+        el = time.monotonic() - self.t0
+        self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {100 * overall:5.1f}% "
+                          f"run {self.done + 1}/{self.total} {self.label} {100 * frac:3.0f}% {el:6.0f}s ")
+        self.stream.flush()
+
+    def finish_run(self) -> None:
+        self.done += 1
+        self.update(0.0) if self.done < self.total else None
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()

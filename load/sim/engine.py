@@ -1,0 +1,168 @@
+"""Discrete-event simulation of a cluster of model servers behind one router.
+
+No per-token events: servers advance by engine steps; idle time is skipped. Events are
+step ends (heap), arrivals (a sorted list), metric scrapes and router ticks (fixed
+intervals, only while arrivals remain). Ties are broken deterministically: step ends,
+then scrapes, then ticks, then arrivals, each in index order.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from .request import SimRequest
+from .server import Metrics, ModelServer
+from .stepmodel import ServerSpec
+
+
+class Router(Protocol):
+    name: str
+
+    def bind(self, sim: "Simulation") -> None: ...
+    def route(self, req: SimRequest, now: float) -> int | None: ...
+    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None: ...
+    def on_first_token(self, req: SimRequest, now: float) -> None: ...
+    def on_finish(self, req: SimRequest, now: float) -> None: ...
+    def on_tick(self, now: float) -> None: ...
+
+
+@dataclass
+class ClusterConfig:
+    servers: Sequence[ServerSpec]
+    scrape_interval_s: float = 0.05     # how often the router's metrics view is refreshed
+    scrape_delay_s: float = 0.0         # extra staleness: a scrape becomes visible this much later
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("cluster needs at least one server")
+        if self.scrape_interval_s <= 0 or self.scrape_delay_s < 0:
+            raise ValueError("scrape_interval_s must be > 0 and scrape_delay_s >= 0")
+
+
+@dataclass
+class SimResult:
+    requests: list
+    busy_time: list
+    duration_s: float
+    steps: int
+    preemptions: int
+    prompt_tokens: int
+    hit_tokens: int
+    extra: dict = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router,
+                 tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
+        self.cluster = cluster
+        self.servers = [ModelServer(i, s, cluster.prefix_caching) for i, s in enumerate(cluster.servers)]
+        self.requests = requests
+        self.router = router
+        self.now = 0.0
+        self.scraped: list[Metrics] = [s.metrics(0.0) for s in self.servers]
+        self.tick_interval_s = tick_interval_s
+        self.progress = progress
+        self._heap: list = []
+        self._seq = 0
+        self._busy = [False] * len(self.servers)
+        self._pending_scrapes: list = []   # (visible_at, snapshot list)
+
+    # -- helpers for routers --------------------------------------------------------------
+    def metrics(self) -> list[Metrics]:
+        return self.scraped
+
+    def _start(self, idx: int, now: float) -> None:
+        srv = self.servers[idx]
+        while srv.has_work():
+            dur = srv.plan_step(now)
+            if dur > 0:
+                self._seq += 1
+                heapq.heappush(self._heap, (now + dur, self._seq, idx))
+                self._busy[idx] = True
+                return
+            # nothing schedulable and nothing running: the head can never fit; drop it
+            if srv.running or not srv.waiting:
+                break
+            req = srv.waiting.popleft()
+            req.shed = True
+            self.router.on_finish(req, now)
+        self._busy[idx] = False
+
+    def _scrape(self, t: float) -> None:
+        snap = [s.metrics(t) for s in self.servers]
+        if self.cluster.scrape_delay_s > 0:
+            self._pending_scrapes.append((t + self.cluster.scrape_delay_s, snap))
+        else:
+            self.scraped = snap
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        reqs = self.requests
+        n = len(reqs)
+        router = self.router
+        router.bind(self)
+        heap = self._heap
+        servers = self.servers
+        inf = math.inf
+        interval = self.cluster.scrape_interval_s
+        next_scrape = 0.0
+        tick = self.tick_interval_s
+        next_tick = tick if tick > 0 else inf
+        ai = 0
+        first_cb = router.on_first_token
+        fin_cb = router.on_finish
+        last_progress = -1
+        while True:
+            t_step = heap[0][0] if heap else inf
+            t_arr = reqs[ai].arrival if ai < n else inf
+            if t_step == inf and t_arr == inf:
+                break
+            t_scr = next_scrape if ai < n else inf
+            t_tick = next_tick if ai < n else inf
+            if self._pending_scrapes and self._pending_scrapes[0][0] <= min(t_step, t_arr):
+                vis, snap = self._pending_scrapes.pop(0)
+                self.scraped = snap
+                continue
+            if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr:
+                t, _, idx = heapq.heappop(heap)
+                self.now = t
+                servers[idx].finish_step(t, first_cb, fin_cb)
+                self._start(idx, t)
+            elif t_scr <= t_tick and t_scr <= t_arr:
+                self.now = t_scr
+                self._scrape(t_scr)
+                next_scrape = t_scr + interval
+            elif t_tick <= t_arr:
+                self.now = t_tick
+                router.on_tick(t_tick)
+                next_tick = t_tick + tick
+            else:
+                req = reqs[ai]
+                ai += 1
+                self.now = t = req.arrival
+                idx = router.route(req, t)
+                if idx is None:
+                    req.shed = True
+                else:
+                    srv = servers[idx]
+                    if -(-(req.input_len + req.output_len) // srv.bs) > srv.kv.num_blocks:
+                        req.shed = True     # can never fit on this server
+                    else:
+                        req.dispatch_t = t
+                        srv.add(req, t)
+                        router.on_dispatch(req, idx, t)
+                        if not self._busy[idx]:
+                            self._start(idx, t)
+                if self.progress is not None and n:
+                    pct = (100 * ai) // n
+                    if pct != last_progress:
+                        last_progress = pct
+                        self.progress(ai / n)
+        return SimResult(
+            requests=reqs, busy_time=[s.busy_time for s in servers], duration_s=self.now,
+            steps=sum(s.steps for s in servers), preemptions=sum(s.preemptions for s in servers),
+            prompt_tokens=sum(s.prompt_tokens for s in servers), hit_tokens=sum(s.hit_tokens for s in servers),
+        )

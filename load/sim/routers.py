@@ -1,0 +1,158 @@
+"""Routing policies in the loop: native baselines and the oracle.
+
+The llm-d policies (``llmd-default``, ``llmd-token-load``, ``predicted-upstream``,
+``predicted``) live in ``epp_routers`` and run epp_client's plugins.
+"""
+from __future__ import annotations
+
+import random
+
+from .request import SimRequest
+
+
+class BaseRouter:
+    """Router protocol with no-op hooks; ``self.sim`` is set by ``bind``."""
+
+    name = "base"
+    tick_interval_s = 0.0
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.sim = None
+        self.inflight: list[int] = []
+
+    def bind(self, sim) -> None:
+        self.sim = sim
+        self.inflight = [0] * len(sim.servers)
+
+    def route(self, req: SimRequest, now: float) -> int | None:
+        raise NotImplementedError
+
+    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
+        self.inflight[idx] += 1
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        pass
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        if req.server >= 0:
+            self.inflight[req.server] -= 1
+
+    def on_tick(self, now: float) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+
+class RandomRouter(BaseRouter):
+    name = "random"
+
+    def route(self, req, now):
+        return self.rng.randrange(len(self.sim.servers))
+
+
+class RoundRobinRouter(BaseRouter):
+    name = "round-robin"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.next = 0
+
+    def route(self, req, now):
+        i = self.next
+        self.next = (i + 1) % len(self.sim.servers)
+        return i
+
+
+class LeastQueueRouter(BaseRouter):
+    """Fewest requests in flight as counted by the router itself (like a least-request
+    load balancer: exact, never stale); ties broken at random."""
+
+    name = "least-queue"
+
+    def route(self, req, now):
+        load = self.inflight
+        m = min(load)
+        best = [i for i, x in enumerate(load) if x == m]
+        return best[0] if len(best) == 1 else self.rng.choice(best)
+
+
+class OracleRouter(BaseRouter):
+    """Upper bound: for each candidate, clone the true server state, add the request and
+    simulate forward (no later arrivals) until its first token plus ``decode_probe``
+    decode steps; pick the endpoint with the smallest SLO-normalised latency
+    max(TTFT/TTFT_SLO, TPOT/TPOT_SLO) (raw TTFT when the request has no SLO). The forward
+    run is capped at ``max_steps``; past the cap the remaining prefill work ahead is
+    extrapolated from the token budget."""
+
+    name = "oracle"
+
+    def __init__(self, seed: int = 0, decode_probe: int = 4, max_steps: int = 400) -> None:
+        super().__init__(seed)
+        self.decode_probe = decode_probe
+        self.max_steps = max_steps
+        self.forward_steps = 0
+
+    def _probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+        srv = self.sim.servers[idx].clone()
+        probe = req.clone()
+        probe.reset_progress()
+        probe.hit_tokens = -1
+        t = max(now, self.sim.servers[idx].busy_until) if srv._batch else now
+        # a step in progress on the real server ends at its scheduled time
+        if srv._batch:
+            t = self._step_end(idx)
+            srv.finish_step(t, None, None)
+        srv.add(probe, now)
+        want = min(probe.output_len, 1 + self.decode_probe)
+        steps = 0
+        while probe.generated < want and steps < self.max_steps:
+            dur = srv.plan_step(t)
+            if dur <= 0:
+                break
+            t += dur
+            srv.finish_step(t, None, None)
+            steps += 1
+        self.forward_steps += steps
+        if probe.first_token_t < 0:
+            # extrapolate: remaining prompt tokens queued ahead at the full budget's pace
+            spec = srv.spec
+            ahead = sum(r.target - r.computed for r in (*srv.running, *srv.waiting))
+            b = spec.max_num_batched_tokens
+            t += (ahead / b) * spec.step_ms(b, 0, 0, 0) / 1000.0
+            return (t - now) * 1000.0, spec.step_ms(b, 0, 0, 0)
+        ttft = (probe.first_token_t - now) * 1000.0
+        gen_after = probe.generated - 1
+        tpot = (t - probe.first_token_t) * 1000.0 / gen_after if gen_after > 0 else 0.0
+        return ttft, tpot
+
+    def _step_end(self, idx: int) -> float:
+        for t, _, i in self.sim._heap:
+            if i == idx:
+                return t
+        return self.sim.now
+
+    def route(self, req, now):
+        best, best_score = None, None
+        n = len(self.sim.servers)
+        order = list(range(n))
+        self.rng.shuffle(order)
+        for i in order:
+            ttft, tpot = self._probe(i, req, now)
+            if req.ttft_slo_ms > 0 or req.tpot_slo_ms > 0:
+                score = max(ttft / req.ttft_slo_ms if req.ttft_slo_ms > 0 else 0.0,
+                            tpot / req.tpot_slo_ms if req.tpot_slo_ms > 0 else 0.0)
+                score = (score, ttft)
+            else:
+                score = (ttft, tpot)
+            if best_score is None or score < best_score:
+                best, best_score = i, score
+        return best
+
+    def stats(self) -> dict:
+        return {"oracle_forward_steps": self.forward_steps}
+
+
+NATIVE = {"random": RandomRouter, "round-robin": RoundRobinRouter, "least-queue": LeastQueueRouter,
+          "oracle": OracleRouter}

@@ -1,0 +1,83 @@
+"""Named scenarios: a workload, a cluster and SLOs (``latency-predictor simulate --list``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import workloads as W
+from .stepmodel import ServerSpec, get_preset
+
+POLICIES = ("random", "round-robin", "least-queue", "llmd-default", "llmd-token-load",
+            "predicted-upstream", "predicted", "oracle")
+LOADS = (0.5, 0.8, 1.0, 1.2)
+
+#: Standard SLO: TTFT within 1 s plus 3x the prompt's prefill time on an idle server,
+#: TPOT within 100 ms (chosen before any policy comparison; see the report's header).
+STANDARD_SLO = (W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=100.0),)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    workload: Callable[[int], list]            # seed -> arrivals (native time scale)
+    servers: tuple[ServerSpec, ...]
+    slo_classes: tuple = STANDARD_SLO
+    scrape_interval_s: float = 0.05
+    scrape_delay_s: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    def cluster_desc(self) -> str:
+        names: dict[str, int] = {}
+        for s in self.servers:
+            key = s.name if s.speed == 1.0 else f"{s.name} (speed {s.speed:g})"
+            names[key] = names.get(key, 0) + 1
+        return ", ".join(f"{n} x {k}" for k, n in names.items())
+
+
+def _pool(preset: str, n: int, **kw) -> tuple[ServerSpec, ...]:
+    return tuple(get_preset(preset, **kw) for _ in range(n))
+
+
+def _mooncake(name: str, limit: int | None = None):
+    return lambda seed: W.load_mooncake(name, limit=limit, seed=seed)
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def _add(s: Scenario) -> None:
+    SCENARIOS[s.name] = s
+
+
+_add(Scenario("standard", "Mooncake FAST'25 conversation trace (12,031 requests, real prefix-block hashes) "
+              "on 8 Llama-3-8B / A100 servers", _mooncake("conversation"), _pool("llama3-8b-a100", 8)))
+_add(Scenario("standard-small", "first 800 requests of the Mooncake conversation trace on 4 Llama-3-8B / A100 "
+              "servers (smoke tests)", _mooncake("conversation", 800), _pool("llama3-8b-a100", 4)))
+_add(Scenario("mooncake-synthetic", "Mooncake FAST'25 synthetic trace (3,993 requests, Poisson, heavy prefix "
+              "sharing) on 8 Llama-3-8B / A100 servers", _mooncake("synthetic"), _pool("llama3-8b-a100", 8)))
+_add(Scenario("heterogeneous", "Mooncake conversation trace on 4 normal and 4 slow (speed 0.6) Llama-3-8B / A100 "
+              "servers", _mooncake("conversation"),
+              _pool("llama3-8b-a100", 4) + _pool("llama3-8b-a100", 4, speed=0.6)))
+_add(Scenario("azure-code", "Azure LLM inference 2023 code trace (8,819 requests, very bursty) on 4 Llama-2-7B / "
+              "H100 servers; prefixes are SYNTHETIC (shared system prompts, the trace has none)",
+              lambda seed: W.load_azure("code", seed=seed), _pool("llama2-7b-h100", 4),
+              slo_classes=(W.SloClass(ttft_ms=500.0, ttft_slowdown=3.0, tpot_ms=50.0),)))
+_add(Scenario("sessions", "synthetic multi-turn chat sessions (growing context, shared system prompt) on 4 "
+              "Llama-3-8B / A100 servers: prefix-heavy", lambda seed: W.synthetic_sessions(1500, rate=0.5, seed=seed),
+              _pool("llama3-8b-a100", 4)))
+_add(Scenario("high-kv", "long prompts (median 16k tokens, Poisson) on 2 Llama-3-8B / A100 servers with a 200k-token "
+              "KV cache: high KV use, long queues, preemptions",
+              lambda seed: W.synthetic_poisson(2500, rate=1.0, seed=seed, input_median=16_000, input_sigma=0.6,
+                                               output_median=400, max_input=100_000, system_prompt_share=0.3),
+              _pool("llama3-8b-a100", 2, kv_capacity_tokens=200_000)))
+_add(Scenario("llama70b", "Mooncake conversation trace (first 4,000 requests) on 4 Llama-2-70B / H100 TP4 servers",
+              _mooncake("conversation", 4000), _pool("llama2-70b-h100-tp4", 4),
+              slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=120.0),)))
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None

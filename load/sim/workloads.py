@@ -1,0 +1,283 @@
+"""Workloads: trace replay (Mooncake, Azure) and synthetic generators, scaled to a load.
+
+A workload is a list of ``Arrival(time_s, input_len, output_len, segments)``; segments are
+``(key, n_tokens)`` prompt pieces whose keys identify a prefix chain (see ``kvcache``).
+Non-final segments are whole 512-token blocks, as in Mooncake's hash ids. SLOs and
+priority classes are drawn per request from configuration by ``make_requests``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from .request import SimRequest
+from .stepmodel import ServerSpec
+
+SEG = 512                      # tokens per prefix block (Mooncake's block size)
+_SYS_KEY = 1 << 40             # key namespaces: Mooncake ids are small non-negative ints
+_SESSION_KEY = 2 << 40
+_UNIQUE_KEY = 3 << 40
+
+
+def data_dir() -> Path:
+    """``../shared/data`` relative to the repository root."""
+    return Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+
+
+class Arrival(NamedTuple):
+    time_s: float
+    input_len: int
+    output_len: int
+    segments: tuple
+
+
+@dataclass(frozen=True)
+class SloClass:
+    """Per-request SLO (0 = none) and priority; ``share`` is the class's weight."""
+
+    share: float = 1.0
+    ttft_ms: float = 0.0
+    ttft_ms_per_1k_input: float = 0.0   # TTFT SLO grows with the prompt: + this * input/1000
+    ttft_slowdown: float = 0.0          # ... and/or with the prompt's prefill time on an idle server
+    tpot_ms: float = 0.0
+    priority: int = 0
+    name: str = "default"
+
+    def ttft_for(self, input_len: int, spec: ServerSpec | None = None) -> float:
+        if self.ttft_ms <= 0 and self.ttft_ms_per_1k_input <= 0 and self.ttft_slowdown <= 0:
+            return 0.0
+        slo = self.ttft_ms + self.ttft_ms_per_1k_input * input_len / 1000.0
+        if self.ttft_slowdown > 0 and spec is not None:
+            slo += self.ttft_slowdown * isolated_prefill_ms(spec, input_len)
+        return slo
+
+
+def isolated_prefill_ms(spec: ServerSpec, input_len: int) -> float:
+    """TTFT of a prompt alone on an idle server with an empty cache (chunked prefill)."""
+    b = spec.max_num_batched_tokens
+    t = 0.0
+    done = 0
+    while done < input_len:
+        n = min(b, input_len - done)
+        t += spec.step_ms(n, 0.0, 0, n * (done + n - n / 2.0))
+        done += n
+    return t
+
+
+class _Keys:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def unique(self) -> int:
+        self.n += 1
+        return _UNIQUE_KEY + self.n
+
+
+def _chunk(keys_for_blocks: Sequence[int], input_len: int) -> tuple:
+    """Segments for a prompt whose 512-token blocks have the given keys."""
+    segs = []
+    for j, key in enumerate(keys_for_blocks):
+        n = min(SEG, input_len - j * SEG)
+        if n <= 0:
+            break
+        segs.append((key, n))
+    return tuple(segs)
+
+
+# -- trace replay ---------------------------------------------------------------------------
+def load_mooncake(name: str = "conversation", limit: int | None = None, path: Path | None = None,
+                  dequantize_s: float | None = None, seed: int = 0) -> list[Arrival]:
+    """Mooncake FAST'25 trace; hash ids are 512-token prefix blocks shared across requests.
+
+    The conversation trace's arrivals are quantised to ~3 s (about ten requests share a
+    timestamp); ``dequantize_s`` (default 3 s for it, 0 for the others) spreads each
+    request uniformly (seeded) over the quantisation step so that bursts are not an
+    artefact of the rounding. Request order within the trace is kept.
+    """
+    if dequantize_s is None:
+        dequantize_s = 3.0 if name == "conversation" else 0.0
+    rng = random.Random(seed ^ 0x3A11)
+    p = path or data_dir() / "mooncake-fast25" / f"{name}_trace.jsonl"
+    out = []
+    with open(p) as f:
+        for line in f:
+            if limit is not None and len(out) >= limit:
+                break
+            o = json.loads(line)
+            n_in = int(o["input_length"])
+            ids = o["hash_ids"]
+            if n_in < 1 or len(ids) != math.ceil(n_in / SEG):
+                continue
+            t = float(o["timestamp"]) / 1000.0 + (rng.random() * dequantize_s if dequantize_s > 0 else 0.0)
+            out.append(Arrival(t, n_in, max(1, int(o["output_length"])), _chunk(ids, n_in)))
+    out.sort(key=lambda a: a.time_s)
+    return out
+
+
+def load_azure(name: str = "code", limit: int | None = None, path: Path | None = None, seed: int = 0,
+               n_system_prompts: int = 16, system_prompt_share: float = 0.8) -> list[Arrival]:
+    """Azure LLM inference trace (Splitwise). It has no prefix information: a SYNTHETIC
+    shared system prompt (one of ``n_system_prompts``, Zipf popularity, 512-2048 tokens,
+    never more than the prompt) is assigned to ``system_prompt_share`` of the requests."""
+    p = path or data_dir() / "azure-llm-inference-2023" / f"AzureLLMInferenceTrace_{name}.csv"
+    rng = random.Random(seed)
+    sys_lens = [SEG * rng.randint(1, 4) for _ in range(n_system_prompts)]
+    weights = [1.0 / (k + 1) for k in range(n_system_prompts)]
+    keys = _Keys()
+    out = []
+    t0 = None
+    with open(p, newline="") as f:
+        for row in csv.DictReader(f):
+            if limit is not None and len(out) >= limit:
+                break
+            ts = row["TIMESTAMP"]
+            base, _, frac = ts.partition(".")
+            t = datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp() + float("0." + (frac or "0"))
+            t0 = t if t0 is None else t0
+            n_in = max(1, int(row["ContextTokens"]))
+            n_out = max(1, int(row["GeneratedTokens"]))
+            blocks = []
+            if rng.random() < system_prompt_share:
+                k = rng.choices(range(n_system_prompts), weights)[0]
+                nsys = min(sys_lens[k], (n_in // SEG) * SEG)
+                blocks = [_SYS_KEY + k * 1000 + j for j in range(nsys // SEG)]
+            nblocks = math.ceil(n_in / SEG)
+            blocks += [keys.unique() for _ in range(nblocks - len(blocks))]
+            out.append(Arrival(t - t0, n_in, n_out, _chunk(blocks, n_in)))
+    out.sort(key=lambda a: a.time_s)
+    return out
+
+
+# -- synthetic ------------------------------------------------------------------------------
+def _lognormal_int(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
+
+
+def synthetic_poisson(n: int, rate: float = 1.0, seed: int = 0, input_median: int = 2000, input_sigma: float = 0.8,
+                      output_median: int = 200, output_sigma: float = 0.7, n_system_prompts: int = 8,
+                      system_prompt_share: float = 0.5, system_prompt_blocks: int = 4, max_input: int = 32_000,
+                      max_output: int = 2000) -> list[Arrival]:
+    """Poisson arrivals, log-normal lengths, optional shared system prompts (Zipf)."""
+    rng = random.Random(seed)
+    keys = _Keys()
+    weights = [1.0 / (k + 1) for k in range(max(1, n_system_prompts))]
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        n_in = _lognormal_int(rng, input_median, input_sigma, 16, max_input)
+        n_out = _lognormal_int(rng, output_median, output_sigma, 1, max_output)
+        blocks = []
+        if n_system_prompts and rng.random() < system_prompt_share:
+            k = rng.choices(range(n_system_prompts), weights)[0]
+            nsys = min(system_prompt_blocks, n_in // SEG)
+            blocks = [_SYS_KEY + k * 1000 + j for j in range(nsys)]
+        blocks += [keys.unique() for _ in range(math.ceil(n_in / SEG) - len(blocks))]
+        out.append(Arrival(t, n_in, n_out, _chunk(blocks, n_in)))
+    return out
+
+
+def synthetic_sessions(n_sessions: int, rate: float = 0.2, seed: int = 0, turns_mean: float = 4.0,
+                       think_s: float = 20.0, system_blocks: int = 2, first_median: int = 1500,
+                       user_median: int = 300, output_median: int = 250, max_context: int = 64_000) -> list[Arrival]:
+    """Multi-turn chat sessions: each turn's prompt is the whole previous context (previous
+    prompt + answer) plus a new user message, so context grows and prefixes repeat.
+    Open loop: a turn arrives a think time after the previous turn's arrival."""
+    rng = random.Random(seed)
+    keys = _Keys()
+    out = []
+    t = 0.0
+    for s in range(n_sessions):
+        t += rng.expovariate(rate)
+        turns = 1 + int(rng.expovariate(1.0 / max(1e-9, turns_mean - 1)))
+        ctx = system_blocks * SEG + _lognormal_int(rng, first_median, 0.7, 16, 16_000)
+        ta = t
+        for _ in range(turns):
+            if ctx > max_context:
+                break
+            n_out = _lognormal_int(rng, output_median, 0.6, 1, 2000)
+            full = ctx // SEG
+            # system blocks are shared by all sessions; the rest are the session's own chain
+            blocks = [_SYS_KEY + 999_000 + j for j in range(min(system_blocks, full))]
+            blocks += [_SESSION_KEY + s * 1000 + j for j in range(len(blocks), full)]
+            if ctx % SEG:
+                blocks.append(keys.unique())   # partial last block: content changes next turn
+            out.append(Arrival(ta, ctx, n_out, _chunk(blocks, ctx)))
+            ctx += n_out + _lognormal_int(rng, user_median, 0.8, 4, 8000)
+            ta += rng.expovariate(1.0 / think_s)
+    out.sort(key=lambda a: a.time_s)
+    return out
+
+
+# -- load scaling ---------------------------------------------------------------------------
+def ideal_hit_tokens(arrivals: Sequence[Arrival]) -> list[int]:
+    """Prompt tokens each request could reuse from an infinite cache shared by all earlier requests."""
+    seen: set = set()
+    out = []
+    for a in arrivals:
+        hit = 0
+        for key, n in a.segments:
+            if key in seen and n == SEG:
+                hit += n
+            else:
+                break
+        out.append(min(hit, a.input_len - 1))
+        seen.update(k for k, n in a.segments if n == SEG)
+    return out
+
+
+def request_work_ms(spec: ServerSpec, input_len: int, output_len: int, hit: int) -> float:
+    """GPU time one request costs a saturated server (full token-budget steps)."""
+    b = spec.max_num_batched_tokens
+    per_token = (spec.c_lin(b) + spec.c_tok * b + spec.c_fix) / b
+    new = input_len - hit
+    pairs = new * (hit + new / 2.0)
+    decode_ctx = (output_len - 1) * (input_len + output_len / 2.0)
+    return (per_token * (new + output_len - 1) + spec.a_att * pairs + spec.a_kv * decode_ctx) / spec.speed
+
+
+def capacity_rps(arrivals: Sequence[Arrival], servers: Sequence[ServerSpec], prefix_reuse: bool = False) -> float:
+    """Requests/s the cluster can serve at 100% load: total speed-weighted GPU time over
+    the mean per-request work on saturated servers (full token-budget steps), without
+    prefix reuse by default (``prefix_reuse=True``: with an ideal shared cache). Prefix
+    hits won by routing make room below this bound; partial steps and preemptions use it up."""
+    hits = ideal_hit_tokens(arrivals) if prefix_reuse else [0] * len(arrivals)
+    ref = servers[0]
+    mean_work = sum(request_work_ms(ref.with_overrides({"speed": 1.0}), a.input_len, a.output_len, h)
+                    for a, h in zip(arrivals, hits)) / max(1, len(arrivals))
+    return sum(s.speed for s in servers) * 1000.0 / mean_work
+
+
+def scale_to_rate(arrivals: Sequence[Arrival], target_rps: float) -> list[Arrival]:
+    """Compress or stretch time so the mean arrival rate is ``target_rps`` (order kept)."""
+    if not arrivals:
+        return []
+    t0 = arrivals[0].time_s
+    span = arrivals[-1].time_s - t0
+    if span <= 0:
+        return list(arrivals)
+    native = (len(arrivals) - 1) / span
+    f = native / target_rps
+    return [a._replace(time_s=(a.time_s - t0) * f) for a in arrivals]
+
+
+def make_requests(arrivals: Sequence[Arrival], slo_classes: Sequence[SloClass], seed: int,
+                  spec: ServerSpec | None = None) -> list[SimRequest]:
+    """Fresh request objects (one set per policy run) with SLO classes drawn per request."""
+    rng = random.Random(seed ^ 0x5105)
+    classes = list(slo_classes) or [SloClass()]
+    weights = [c.share for c in classes]
+    block_size = spec.block_size if spec is not None else 16
+    out = []
+    for i, a in enumerate(arrivals):
+        c = classes[0] if len(classes) == 1 else rng.choices(classes, weights)[0]
+        out.append(SimRequest(i, a.time_s, a.input_len, a.output_len, a.segments,
+                              ttft_slo_ms=c.ttft_for(a.input_len, spec), tpot_slo_ms=c.tpot_ms, priority=c.priority,
+                              block_size=block_size))
+    return out

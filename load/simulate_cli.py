@@ -1,0 +1,129 @@
+"""``latency-predictor simulate``: closed-loop routing benchmark on a simulated cluster.
+
+Example::
+
+    latency-predictor simulate --scenario standard --policies least-queue,predicted \\
+        --load 0.8,1.0 --seed 1 --out out/standard
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from load.sim import bench
+from load.sim.report import write_plots, write_report, write_results
+from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="latency-predictor simulate", description=__doc__.split("\n")[0])
+    p.add_argument("--scenario", default="standard", help="scenario name (see --list)")
+    p.add_argument("--list", action="store_true", help="list scenarios and policies, then exit")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    p.add_argument("--load", default=",".join(str(x) for x in LOADS),
+                   help="comma-separated loads as fractions of the cluster's capacity")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="output directory (report.md, results.json, plots)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N requests of the workload")
+    p.add_argument("--retrain-interval", type=float, default=30.0,
+                   help="simulated seconds between retrains of the predicted policies (in-process mode)")
+    p.add_argument("--predictor", default=None,
+                   help="prediction server URL(s), comma-separated: use real servers instead of in-process models")
+    p.add_argument("--training-url", default=None, help="training server URL (with --predictor)")
+    p.add_argument("--record-trace", default=None,
+                   help="write the training entries produced during the run to this JSONL file (wire format)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _loads(text: str) -> list[tuple[str, float]]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            x = float(part)
+        except ValueError:
+            raise ValueError(f"--load: not a number: {part!r}") from None
+        if not 0 < x <= 10:
+            raise ValueError(f"--load: {part} is out of range (0, 10]")
+        out.append((part, x))
+    if not out:
+        raise ValueError("--load: no load level given")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print("scenarios:")
+        for s in SCENARIOS.values():
+            print(f"  {s.name:<20} {s.description}")
+        print("\npolicies:\n  " + ", ".join(bench.known_policies()))
+        return 0
+    try:
+        scenario = get_scenario(args.scenario)
+        loads = _loads(args.load)
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        bad = [p for p in policies if p not in bench.known_policies()]
+        if bad or not policies:
+            raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
+                             f"known: {', '.join(bench.known_policies())}")
+        if (args.predictor is None) != (args.training_url is None):
+            raise ValueError("--predictor and --training-url go together")
+    except ValueError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    trace = open(args.record_trace, "w") if args.record_trace else None
+    opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
+                            training_url=args.training_url, retrain_interval_s=args.retrain_interval,
+                            record_trace=trace)
+    arrivals, capacity = bench.prepare(scenario, opts)
+    bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
+    results: dict = {}
+    raw: dict = {}
+    wall: dict = {}
+    notes: dict = {}
+    try:
+        for label, load in loads:
+            results[label] = {}
+            for pol in policies:
+                bar.start(f"load {label} {pol}")
+                t0 = time.monotonic()
+                m, r, router = bench.run_one(scenario, arrivals, capacity, load, pol, opts, bar.update)
+                wall[(label, pol)] = time.monotonic() - t0
+                results[label][pol] = m
+                raw[(label, pol)] = r
+                notes[pol] = getattr(router, "description", "") or (router.__doc__ or "").strip().split("\n")[0]
+                bar.finish_run()
+    finally:
+        bar.close()
+        if trace is not None:
+            trace.close()
+    slo = [f"{c.name}: share {c.share:g}, TTFT <= {c.ttft_ms:g} ms"
+           + (f" + {c.ttft_ms_per_1k_input:g} ms/1k input" if c.ttft_ms_per_1k_input else "")
+           + (f" + {c.ttft_slowdown:g} x idle prefill time" if c.ttft_slowdown else "")
+           + f", TPOT <= {c.tpot_ms:g} ms, priority {c.priority}" for c in scenario.slo_classes]
+    meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
+            "slo": slo, "policy_notes": notes,
+            "wall_s": {f"{l}|{p}": w for (l, p), w in wall.items()}}
+    summary = {l: {p: {k: v for k, v in m.items()} for p, m in per.items()} for l, per in results.items()}
+    if args.out:
+        out = Path(args.out)
+        write_results(out, scenario.name, args.seed, summary, meta)
+        plots = [] if args.no_plots else write_plots(out, results, raw)
+        write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
+    else:
+        from load.sim.report import table
+        for label, per in results.items():
+            print(f"\nload {label}\n" + table(per))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
