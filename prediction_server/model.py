@@ -31,7 +31,52 @@ def _load_xgboost(data: bytes, fmt: str):
     def predict(x: np.ndarray) -> np.ndarray:
         return np.asarray(booster.inplace_predict(x), dtype=np.float64).reshape(-1)
 
-    return predict
+    return _xgboost_dense_predictor(booster, predict)
+
+
+def _xgboost_dense_predictor(booster, fallback):
+    """The same in-place prediction as ``Booster.inplace_predict`` (C API
+    ``XGBoosterPredictFromDense``) without its per-call Python overhead (about half of
+    the cost for a 16-row batch). Checked against ``fallback`` on probe rows at load
+    time; any mismatch or API difference keeps ``fallback``."""
+    import ctypes
+    import json
+
+    try:
+        from xgboost.core import _LIB, c_bst_ulong
+
+        fn = _LIB.XGBoosterPredictFromDense
+        handle = booster.handle
+        n_features = booster.num_features()
+    except Exception:  # a future xgboost without these names: keep the public API
+        return fallback
+    args = json.dumps({"type": 0, "training": False, "iteration_begin": 0, "iteration_end": 0,
+                       "missing": float("nan"), "strict_shape": False, "cache_id": 0}).encode()
+    null = ctypes.c_void_p()
+    byref = ctypes.byref
+    c_float_p = ctypes.POINTER(ctypes.c_float)
+    shape_p = ctypes.POINTER(c_bst_ulong)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        if x.dtype != np.float64 or not x.flags.c_contiguous or x.ndim != 2 or x.shape[1] != n_features:
+            return fallback(x)
+        n = x.shape[0]
+        ai = b'{"data": [%d, true], "shape": [%d, %d], "strides": null, "typestr": "<f8", "version": 3}' % (
+            x.ctypes.data, n, n_features)
+        shape, dims, preds = shape_p(), c_bst_ulong(), c_float_p()
+        if fn(handle, ai, args, null, byref(shape), byref(dims), byref(preds)) != 0:
+            return fallback(x)
+        if dims.value != 1 or shape[0] != n:
+            return fallback(x)
+        # copy out: the buffer belongs to the booster and is reused by the next call
+        return np.ctypeslib.as_array(preds, (n,)).astype(np.float64)
+
+    probe = np.linspace(0.0, 4096.0, 8 * n_features).reshape(8, n_features)
+    try:
+        same = np.array_equal(predict(probe), fallback(probe))
+    except Exception:
+        same = False
+    return predict if same else fallback
 
 
 def _load_lightgbm(data: bytes, fmt: str):

@@ -1,0 +1,100 @@
+"""Build real model bundles from a recorded trace, without the training server.
+
+Used by the prediction-server tests and by ``load/bench_predict.py``: a quick XGBoost or
+LightGBM quantile model per target, trained on ``../shared/data/llmd-h200-traces/
+sharegpt-h200.jsonl`` with the one feature builder (``features.matrix.model_matrix``),
+saved in the library's native format and written with ``features.bundle.write_bundle``.
+This is not the production trainer (that is ``training_server``); it only has to produce
+genuine bundles of both kinds.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from features.bundle import make_version, write_bundle
+from features.matrix import TARGETS, model_matrix, schema_description
+from features.prior import DEFAULT_PRIOR
+from features.schema import SCHEMA_VERSION, parse_training_entry
+
+DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHAREGPT = DATA_DIR / "llmd-h200-traces" / "sharegpt-h200.jsonl"
+QUANTILE = 0.9
+
+
+@functools.lru_cache(maxsize=4)
+def load_trace(path: str = str(SHAREGPT)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(raw matrix, ttft targets, tpot targets) of a recorded trace (0 = absent)."""
+    raws, ttft, tpot = [], [], []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            e = parse_training_entry(json.loads(line), (i,))
+            raws.append(e.raw)
+            ttft.append(e.actual_ttft_ms)
+            tpot.append(e.actual_tpot_ms)
+    return np.array(raws, dtype=np.float64), np.array(ttft), np.array(tpot)
+
+
+@functools.lru_cache(maxsize=16)
+def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGPT)) -> tuple[dict, dict, dict]:
+    """Train one model per target; returns (files {name: bytes}, models spec, metrics)."""
+    raw, ttft, tpot = load_trace(path)
+    files, models, metrics = {}, {}, {}
+    for target, y_all in zip(TARGETS, (ttft, tpot)):
+        mask = y_all > 0
+        x = model_matrix(raw[mask], target)
+        y = y_all[mask]
+        if kind == "xgboost":
+            import xgboost as xgb
+
+            booster = xgb.train({"objective": "reg:quantileerror", "quantile_alpha": QUANTILE, "max_depth": 5,
+                                 "learning_rate": 0.1, "tree_method": "hist", "nthread": 1, "seed": 1},
+                                xgb.DMatrix(x, label=y), num_boost_round=rounds)
+            data = bytes(booster.save_raw("ubj"))
+            pred = booster.inplace_predict(x)
+            name, fmt = f"{target}.ubj", "xgboost-ubj"
+        elif kind == "lightgbm":
+            import lightgbm as lgb
+
+            booster = lgb.train({"objective": "quantile", "alpha": QUANTILE, "num_leaves": 15,
+                                 "learning_rate": 0.1, "num_threads": 1, "verbose": -1, "seed": 1},
+                                lgb.Dataset(x, label=y), num_boost_round=rounds)
+            data = booster.model_to_string().encode()
+            pred = booster.predict(x, num_threads=1)
+            name, fmt = f"{target}.txt", "lightgbm-text"
+        else:
+            raise ValueError(f"unknown model kind {kind!r}")
+        files[name] = data
+        models[target] = {"file": name, "format": fmt}
+        resid = y - np.asarray(pred)
+        metrics[target] = {"coverage": float(np.mean(resid <= 0)), "residual_std": float(np.std(resid))}
+    return files, models, metrics
+
+
+def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
+                 calibration: dict | None = None) -> Path:
+    """Train (cached per kind/rounds) and write bundle ``seq`` under ``root``; returns its dir."""
+    files, models, metrics = train_files(kind, rounds)
+    manifest = {
+        "version": make_version(seq),
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "schema_version": SCHEMA_VERSION,
+        "features": schema_description(),
+        "model_kind": kind,
+        "objective": "quantile",
+        "quantile": QUANTILE,
+        "mode": "streaming",
+        "models": models,
+        "prior": DEFAULT_PRIOR,
+        "training": {t: {"n_train": 0, "n_test": 0} for t in TARGETS},
+        "metrics": metrics,
+    }
+    if calibration:
+        manifest["calibration"] = calibration
+    return write_bundle(Path(root), manifest, files)

@@ -1,0 +1,330 @@
+"""The prediction service as a plain Python object (no HTTP): bytes in, (status, bytes) out.
+
+Every prediction method reads the served state (bundle + constant response fields) once,
+through one reference, so all rows of a response come from the same bundle even if a
+swap happens meanwhile. Swapping is a single reference assignment (:meth:`swap`),
+guarded so that an older bundle never replaces a newer one.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import orjson
+
+from features.bundle import BundleError, version_seq
+from features.matrix import raw_matrix
+from features.schema import COL, RAW_COLUMNS, FieldError, parse_row
+
+from .metrics import Metrics
+from .model import LoadedBundle
+from .settings import Settings
+
+log = logging.getLogger("prediction_server")
+
+JSON = "application/json"
+
+
+class HTTPError(Exception):
+    """An error answer: status and a FastAPI-style ``detail``."""
+
+    def __init__(self, status: int, detail: Any, headers: dict | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+        super().__init__(f"{status}: {detail}")
+
+    def body(self) -> bytes:
+        return orjson.dumps({"detail": self.detail})
+
+
+def field_error(loc: list, msg: str, kind: str = "value_error") -> HTTPError:
+    return HTTPError(422, [{"loc": loc, "msg": msg, "type": kind}])
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _seq(bundle: LoadedBundle) -> int:
+    """Sequence number of a bundle; the built-in prior is older than any published bundle."""
+    try:
+        return version_seq(bundle.version)
+    except BundleError:
+        return -1
+
+
+@dataclass(frozen=True)
+class Served:
+    """The served bundle with the constant parts of every prediction object precomputed."""
+
+    bundle: LoadedBundle
+    seq: int
+    learned: bool
+    model_type: str
+    last_model_load: str
+    #: constant trailing fields of a prediction object, in wire order
+    const: tuple
+    ttft_u: float
+    tpot_u: float
+    ttft_w: float  # z * uncertainty
+    tpot_w: float
+
+    @classmethod
+    def of(cls, bundle: LoadedBundle) -> "Served":
+        model_type = bundle.model_kind if bundle.source == "learned" else "prior"
+        last = rfc3339(bundle.loaded_at)
+        ut, up = float(bundle.uncertainty("ttft")), float(bundle.uncertainty("tpot"))
+        z = float(bundle.bound_width)
+        const = (("model_type", model_type), ("objective_type", bundle.objective),
+                 ("quantile", float(bundle.quantile)), ("last_model_load", last),
+                 ("model_version", bundle.version), ("model_source", bundle.source))
+        return cls(bundle, _seq(bundle), bundle.source == "learned", model_type, last, const,
+                   ut, up, z * ut, z * up)
+
+    def render(self, ttft: np.ndarray, tpot: np.ndarray, predicted_at: str) -> list[dict]:
+        """Prediction objects (wire-api.md §1.2 ``p``) for arrays of predictions."""
+        t = ttft.tolist()
+        p = tpot.tolist()
+        t_lo = np.maximum(ttft - self.ttft_w, 0.0).tolist() if self.ttft_w else t
+        t_hi = (ttft + self.ttft_w).tolist() if self.ttft_w else t
+        p_lo = np.maximum(tpot - self.tpot_w, 0.0).tolist() if self.tpot_w else p
+        p_hi = (tpot + self.tpot_w).tolist() if self.tpot_w else p
+        ut, up = self.ttft_u, self.tpot_u
+        (k0, mt), (k1, ob), (k2, q), (k3, lml), (k4, mv), (k5, ms) = self.const
+        return [
+            {"ttft_ms": a, "tpot_ms": b, "ttft_uncertainty": ut, "tpot_uncertainty": up,
+             "ttft_prediction_bounds": [alo, ahi], "tpot_prediction_bounds": [blo, bhi],
+             "predicted_at": predicted_at, k0: mt, k1: ob, k2: q, k3: lml, k4: mv, k5: ms}
+            for a, b, alo, ahi, blo, bhi in zip(t, p, t_lo, t_hi, p_lo, p_hi)
+        ]
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise field_error(["body"], f"body is not valid JSON: {e}", "json_invalid") from None
+
+
+def _requests_list(body: bytes, max_rows: int) -> list:
+    obj = _loads(body)
+    if type(obj) is not dict:
+        raise field_error(["body"], f"body must be a JSON object with a 'requests' list, got {type(obj).__name__}",
+                          "type_error")
+    rows = obj.get("requests")
+    if rows is None:
+        raise field_error(["body", "requests"], "field required", "missing")
+    if type(rows) is not list:
+        raise field_error(["body", "requests"], f"must be a list of rows, got {type(rows).__name__}", "type_error")
+    n = len(rows)
+    if n == 0:
+        raise field_error(["body", "requests"], "must contain at least 1 row", "too_short")
+    if n > max_rows:
+        raise field_error(["body", "requests"], f"must contain at most {max_rows} rows, got {n}", "too_long")
+    return rows
+
+
+class PredictionService:
+    """Predictions, status and bundle swapping; the HTTP layer is a thin adapter over this."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._swap_lock = threading.Lock()
+        self._served = Served.of(LoadedBundle.builtin_prior(settings.quantile_alpha))
+        self._publish(self._served)
+        self._refuse = settings.refuse_without_model
+        self._max_rows = settings.max_batch_rows
+
+    # ---- bundle -------------------------------------------------------------------------
+    @property
+    def served(self) -> Served:
+        return self._served
+
+    @property
+    def bundle(self) -> LoadedBundle:
+        return self._served.bundle
+
+    def swap(self, bundle: LoadedBundle) -> bool:
+        """Serve ``bundle`` if it is newer than the served one; True when swapped."""
+        new = Served.of(bundle)
+        with self._swap_lock:
+            old = self._served
+            if new.seq <= old.seq:
+                return False
+            self._served = new  # the atomic swap: one reference assignment
+        self._publish(new)
+        self.metrics.swaps.inc()
+        log.info("serving bundle %s (%s, %s) instead of %s", bundle.version, bundle.source, new.model_type,
+                 old.bundle.version)
+        return True
+
+    def _publish(self, s: Served) -> None:
+        b = s.bundle
+        self.metrics.served(b.version, b.source, s.model_type, b.objective, b.quantile, b.loaded_at)
+
+    def is_ready(self) -> bool:
+        return self._served.learned
+
+    # ---- predictions --------------------------------------------------------------------
+    def predict_strict(self, body: bytes) -> tuple[int, bytes]:
+        """``POST /predict/bulk/strict``: any bad row fails the call (422)."""
+        return self._answer("/predict/bulk/strict", self._strict, body)
+
+    def predict_bulk(self, body: bytes) -> tuple[int, bytes]:
+        """``POST /predict/bulk``: bad rows become ``null`` plus an entry in ``errors``."""
+        return self._answer("/predict/bulk", self._bulk, body)
+
+    def predict_one(self, body: bytes) -> tuple[int, bytes]:
+        """``POST /predict``: the body is one row; answers one prediction object."""
+        return self._answer("/predict", self._one, body)
+
+    def whatif(self, body: bytes) -> tuple[int, bytes]:
+        """``POST /v1/whatif``: predictions for every combination of a grid of field values."""
+        return self._answer("/v1/whatif", self._whatif, body)
+
+    def _answer(self, endpoint: str, fn, body: bytes) -> tuple[int, bytes]:
+        """Run ``fn(body, served) -> (response dict, rows)`` with one bundle reference; add
+        ``processing_time_ms``, serialize, count. Errors become their status and detail."""
+        t0 = time.perf_counter()
+        served = self._served  # the one bundle reference used for the whole response
+        try:
+            if self._refuse and not served.learned:
+                raise HTTPError(503, "no learned model loaded yet (LATENCY_REFUSE_WITHOUT_MODEL=true)")
+            out, n = fn(body, served)
+        except HTTPError as e:
+            self.metrics.observe(endpoint, e.status, 0.0)
+            return e.status, e.body()
+        dt = time.perf_counter() - t0
+        out["processing_time_ms"] = dt * 1000.0
+        payload = orjson.dumps(out)
+        self.metrics.observe(endpoint, 200, dt, n, served.bundle.source)
+        return 200, payload
+
+    def _strict(self, body: bytes, served: Served) -> tuple[dict, int]:
+        rows = _requests_list(body, self._max_rows)
+        try:
+            raw = raw_matrix(rows, "requests")
+        except FieldError as e:
+            raise HTTPError(422, [e.to_detail(("body",))]) from None
+        ttft, tpot = served.bundle.predict(raw)
+        preds = served.render(ttft, tpot, rfc3339(time.time()))
+        n = len(preds)
+        return {"predictions": preds, "total_requests": n, "successful_predictions": n, "failed_predictions": 0,
+                "processing_time_ms": 0.0, "model_version": served.bundle.version,
+                "model_source": served.bundle.source}, n
+
+    def _bulk(self, body: bytes, served: Served) -> tuple[dict, int]:
+        rows = _requests_list(body, self._max_rows)
+        good: list[list[float]] = []
+        good_idx: list[int] = []
+        errors = []
+        for i, row in enumerate(rows):
+            try:
+                good.append(parse_row(row, ("requests", i)))
+                good_idx.append(i)
+            except FieldError as e:
+                errors.append({"index": i, "error": str(e), "loc": e.to_detail(("body",))["loc"], "request": row})
+        preds: list = [None] * len(rows)
+        if good:
+            raw = np.array(good, dtype=np.float64).reshape(len(good), len(RAW_COLUMNS))
+            ttft, tpot = served.bundle.predict(raw)
+            for i, p in zip(good_idx, served.render(ttft, tpot, rfc3339(time.time()))):
+                preds[i] = p
+        return {"predictions": preds, "errors": errors, "total_requests": len(rows),
+                "successful_predictions": len(good), "failed_predictions": len(errors), "processing_time_ms": 0.0,
+                "model_version": served.bundle.version, "model_source": served.bundle.source}, len(good)
+
+    def _one(self, body: bytes, served: Served) -> tuple[dict, int]:
+        obj = _loads(body)
+        try:
+            raw = np.array([parse_row(obj, ())], dtype=np.float64)
+        except FieldError as e:
+            raise HTTPError(422, [e.to_detail(("body",))]) from None
+        ttft, tpot = served.bundle.predict(raw)
+        return served.render(ttft, tpot, rfc3339(time.time()))[0], 1
+
+    def _whatif(self, body: bytes, served: Served) -> tuple[dict, int]:
+        base, names, choices, is_list = self._whatif_body(_loads(body))
+        raw_rows = []
+        points_values = []
+        for idx in itertools.product(*[range(len(c)) for c in choices]):
+            row = dict(base)
+            values = {}
+            for name, c, j in zip(names, choices, idx):
+                row[name] = values[name] = c[j]
+            try:
+                raw_rows.append(parse_row(row, ()))
+            except FieldError as e:
+                f = e.loc[0]
+                if f in values:
+                    k = names.index(f)
+                    loc = ["body", "grid", f] + ([idx[k]] if is_list[k] else [])
+                else:
+                    loc = ["body", "request", f]
+                raise field_error(loc, e.msg, e.kind) from None
+            points_values.append(values)
+        raw = np.array(raw_rows, dtype=np.float64).reshape(len(raw_rows), len(RAW_COLUMNS))
+        ttft, tpot = served.bundle.predict(raw)
+        points = [{"values": v, "ttft_ms": a, "tpot_ms": b}
+                  for v, a, b in zip(points_values, ttft.tolist(), tpot.tolist())]
+        return {"points": points, "n_points": len(points), "grid_fields": names,
+                "model_version": served.bundle.version, "model_source": served.bundle.source,
+                "model_type": served.model_type, "objective_type": served.bundle.objective,
+                "quantile": served.bundle.quantile}, len(points)
+
+    def _whatif_body(self, obj: Any) -> tuple[dict, list[str], list[list], list[bool]]:
+        if type(obj) is not dict:
+            raise field_error(["body"], f"body must be a JSON object, got {type(obj).__name__}", "type_error")
+        base = obj.get("request", {})
+        if base is None:
+            base = {}
+        if type(base) is not dict:
+            raise field_error(["body", "request"], f"must be an object (a partial row), got {type(base).__name__}",
+                              "type_error")
+        grid = obj.get("grid", {})
+        if grid is None:
+            grid = {}
+        if type(grid) is not dict:
+            raise field_error(["body", "grid"], f"must be an object {{field: value or [values]}}, "
+                                                f"got {type(grid).__name__}", "type_error")
+        max_points = obj.get("max_points", self._max_rows)
+        if type(max_points) is not int or not 1 <= max_points <= self._max_rows:
+            raise field_error(["body", "max_points"], f"must be an integer between 1 and {self._max_rows}",
+                              "range_error")
+        names, choices, is_list = [], [], []
+        total = 1
+        for name, value in grid.items():
+            if name not in COL:
+                raise field_error(["body", "grid", name], f"unknown field; grid fields are {list(RAW_COLUMNS)}",
+                                  "value_error")
+            lst = type(value) is list
+            values = value if lst else [value]
+            if not values:
+                raise field_error(["body", "grid", name], "must not be an empty list", "too_short")
+            names.append(name)
+            choices.append(values)
+            is_list.append(lst)
+            total *= len(values)
+            if total > max_points:
+                raise field_error(["body", "grid"], f"the grid has more than max_points={max_points} combinations; "
+                                                    "narrow it or raise max_points", "too_long")
+        return base, names, choices, is_list
+
+    # ---- status -------------------------------------------------------------------------
+    def status(self) -> dict:
+        s = self._served
+        b = s.bundle
+        return {"is_ready": s.learned, "model_type": s.model_type, "objective_type": b.objective,
+                "quantile": b.quantile, "last_model_load": s.last_model_load,
+                "training_server_url": self.settings.training_server_url or None,
+                "models_exist": {"ttft": b.has_model("ttft"), "tpot": b.has_model("tpot")},
+                "model_version": b.version, "model_source": b.source,
+                "bundle_dir": self.settings.bundle_dir}
