@@ -1,0 +1,170 @@
+"""Retrain worker, publish gate and bundle distribution, on the recorded sharegpt-h200
+entries: real store, real models, real HTTP server on loopback."""
+import hashlib
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from features.bundle import list_bundles, validate_manifest, verify_file
+from training_server.app import create_app
+from training_server.metrics import TrainingMetrics
+from training_server.registry import Registry, write_export_dir
+from training_server.settings import Settings
+from training_server.store import SampleStore, entries_to_rows
+from training_server.testing import load_entries, serve_in_thread
+from training_server.trainer import TrainConfig
+from training_server.worker import RetrainWorker, publish_gate
+from features.schema import parse_training_entry
+
+ENTRIES = load_entries()
+
+
+def rows(entries):
+    return entries_to_rows([parse_training_entry(e) for e in entries])
+
+
+@pytest.fixture
+def parts(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite3", max_rows=100_000, queue_size=100_000, test_ratio=0.1).open()
+    registry = Registry(tmp_path / "bundles", keep=3)
+    metrics = TrainingMetrics()
+    worker = RetrainWorker(store, registry, metrics, config=TrainConfig(), interval=0.1, min_new=100,
+                           max_per_bucket=5000, tolerance=0.02)
+    yield store, registry, worker
+    worker.stop()
+    store.close()
+
+
+def test_publish_gate_rules():
+    served = {"ttft": {"pinball": 10.0, "n": 50}}
+    assert publish_gate({"ttft": {"pinball": 10.1}}, served, served_is_prior=False, tolerance=0.02)[0]
+    assert not publish_gate({"ttft": {"pinball": 10.3}}, served, served_is_prior=False, tolerance=0.02)[0]
+    assert not publish_gate({"ttft": {"pinball": 10.1}}, served, served_is_prior=True, tolerance=0.02)[0]
+    assert not publish_gate({"ttft": {"pinball": 1.0}}, {}, served_is_prior=True, tolerance=0.02)[0]
+
+
+def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
+    store, registry, worker = parts
+    assert worker.run_once().outcome == "skipped"  # empty store
+    store.submit(rows(ENTRIES[:3000])).result(10)
+    first = worker.run_once()
+    assert first.outcome == "published", first.reason
+    v1 = registry.served.version
+    assert registry.is_learned and registry.served.manifest["trained_on"]["max_row_id"] == 3000
+    # no new data: nothing is trained, nothing republished
+    cycles = worker.cycles
+    assert worker.run_once().outcome == "skipped" and worker.cycles == cycles
+    # new data, but a crippled candidate (one stump, no calibration): refused
+    store.submit(rows(ENTRIES[3000:])).result(10)
+    worker.config = TrainConfig(params={"n_estimators": 1, "max_depth": 1}, calibrate=False)
+    bad = worker.run_once()
+    assert bad.outcome == "rejected" and "pinball" in bad.reason
+    assert registry.served.version == v1 and len(list_bundles(registry.root)) == 1
+    assert bad.candidate["ttft"]["pinball"] > bad.served["ttft"]["pinball"]
+    # a restarted worker remembers what the served bundle was trained on
+    fresh = RetrainWorker(store, registry, TrainingMetrics(), config=TrainConfig(), interval=1, min_new=1000,
+                          max_per_bucket=5000, tolerance=0.02)
+    assert fresh.new_samples == 400 and fresh.run_once().outcome == "skipped"
+
+
+def test_failures_are_counted_and_the_loop_survives(parts):
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES[:3000])).result(10)
+
+    def boom(phase):
+        if phase == "train":
+            raise RuntimeError("injected")
+
+    worker.on_phase = boom
+    report = worker.run_once()
+    assert report.outcome == "failed" and worker.failures == 1 and "injected" in report.reason
+    worker.on_phase = None
+    assert worker.run_once().outcome == "skipped"  # a failed cycle does not retry without new data
+    store.submit(rows(ENTRIES[3000:])).result(10)
+    worker.start()  # the background loop picks up the new data
+    deadline = time.monotonic() + 30
+    while not registry.is_learned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert registry.is_learned
+
+
+def test_shutdown_does_not_wait_for_a_long_training(parts):
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES)).result(10)
+    worker.config = TrainConfig(params={"n_estimators": 200_000})
+    started = threading.Event()
+    worker.on_phase = lambda phase: started.set() if phase == "train" else None
+    worker.interval = 0.01
+    worker.start()
+    assert started.wait(10)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert worker.stop(timeout=5.0)
+    assert time.monotonic() - t0 < 5.0
+    assert worker.last.outcome == "stopped" and not registry.is_learned
+
+
+def test_bundle_endpoints_end_to_end(tmp_path):
+    settings = Settings.from_env({}, data_dir=str(tmp_path / "a"), retraining_interval_sec=0.2,
+                                 bundles_keep=2)
+    with serve_in_thread(create_app(settings)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.get("/readyz").status_code == 503  # never ready on the prior
+        assert c.get("/v1/bundles/latest").status_code == 404
+        assert c.get("/model/export").status_code == 404
+        r = c.post("/add_training_data_bulk", json={"entries": ENTRIES})  # one commit: one training
+        assert r.status_code == 202 and r.json()["accepted"] == len(ENTRIES)
+        deadline = time.monotonic() + 60
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, c.get("/data/status").json()
+            time.sleep(0.1)
+        r = c.get("/v1/bundles/latest")
+        assert r.status_code == 200
+        manifest = validate_manifest(r.json())
+        version = manifest["version"]
+        assert r.headers["etag"] == f'"{version}"'
+        assert manifest["model_kind"] == "xgboost" and set(manifest["models"]) == {"ttft", "tpot"}
+        assert manifest["metrics"]["ttft"]["n"] > 100 and 0 < manifest["metrics"]["tpot"]["coverage"] <= 100
+        # conditional GET
+        assert c.get("/v1/bundles/latest", headers={"If-None-Match": f'"{version}"'}).status_code == 304
+        assert c.get("/v1/bundles/latest", headers={"If-None-Match": '"v000000-20200101T000000Z"'}).status_code == 200
+        # files verify against the manifest
+        for spec in manifest["models"].values():
+            f = c.get(f"/v1/bundles/{version}/{spec['file']}")
+            assert f.status_code == 200
+            verify_file(f.content, spec)
+            assert hashlib.sha256(f.content).hexdigest() == spec["sha256"]
+        # wrong names and traversal attempts
+        for path in (f"/v1/bundles/{version}/nope.ubj", f"/v1/bundles/{version}/manifest.json",
+                     "/v1/bundles/v999999-20261202T000000Z/ttft.ubj", f"/v1/bundles/{version}/..%2F..%2Fsamples.sqlite3",
+                     "/v1/bundles/..%2F..%2F/samples.sqlite3", f"/v1/bundles/{version}/%2Fetc%2Fpasswd",
+                     "/v1/bundles/latest/ttft.ubj", f"/v1/bundles/{version}/TTFT.UBJ"):
+            assert c.get(path).status_code == 404, path
+        # other views of the same model
+        assert c.get("/model/ttft/xgb/json").json()["learner"]["feature_names"]
+        info = c.get("/model/download/info").json()
+        assert info["model_status"] == {"ttft": True, "tpot": True} and info["model_type"] == "xgboost"
+        assert c.get("/model/tpot/info").json()["file"]["sha256"] == manifest["models"]["tpot"]["sha256"]
+        assert c.get("/model/nope/info").status_code == 404
+        p = c.post("/predict", json=ENTRIES[0]).json()
+        assert p["model_version"] == version and p["model_source"] == "learned" and p["ttft_ms"] > 0
+        metrics = c.get("/metrics").text
+        assert 'latency_training_heldout_pinball_ms{regime="all",target="ttft"}' in metrics
+        assert 'latency_training_heldout_coverage_percent{regime="all",target="tpot"}' in metrics
+        assert f'latency_training_served_bundle{{source="learned",version="{version}"}} 1.0' in metrics
+        # no new data: no retrain, no new bundle
+        cycles = c.get("/data/status").json()["retrain_cycles"]
+        time.sleep(1.0)
+        status = c.get("/data/status").json()
+        assert status["retrain_cycles"] == cycles and status["served_version"] == version
+        export = c.get("/model/export").json()
+    # the export seeds a new deployment, which is ready at once
+    seed = write_export_dir(export, tmp_path / "seed")
+    s2 = Settings.from_env({}, data_dir=str(tmp_path / "b"), seed_bundle=str(seed))
+    with serve_in_thread(create_app(s2)) as url, httpx.Client(base_url=url) as c:
+        assert c.get("/readyz").status_code == 200
+        m2 = c.get("/v1/bundles/latest").json()
+        assert m2["models"] == manifest["models"] and m2["metrics"] == manifest["metrics"]
+        assert c.post("/predict", json=ENTRIES[0]).json()["ttft_ms"] == pytest.approx(p["ttft_ms"])

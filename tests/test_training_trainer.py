@@ -1,0 +1,123 @@
+"""Trainer on the recorded sharegpt-h200 entries: real XGBoost/LightGBM models, calibration,
+fitted prior, E2E mode, the upstream recipe, bundles and in-process LoadedBundle."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from features.bundle import read_bundle, validate_manifest, write_bundle
+from features.schema import parse_training_entry
+from prediction_server.model import LoadedBundle
+from training_server import trainer
+from training_server.testing import load_entries
+from training_server.trainer import TrainConfig, evaluate_predictions, train_models
+
+
+@pytest.fixture(scope="module")
+def data():
+    entries = [parse_training_entry(e) for e in load_entries()]
+    raw = np.array([e.raw for e in entries])
+    ttft = np.array([e.actual_ttft_ms for e in entries])
+    tpot = np.array([e.actual_tpot_ms for e in entries])
+    test = np.random.default_rng(3).random(len(raw)) < 0.15
+    return raw, ttft, tpot, test
+
+
+def test_evaluate_predictions_by_hand():
+    r = evaluate_predictions(np.array([10.0, 20.0]), np.array([12.0, 15.0]), 0.9)
+    # under-prediction of 5 costs 0.9*5, over-prediction of 2 costs 0.1*2
+    assert r["pinball"] == pytest.approx((0.2 + 4.5) / 2)
+    assert r["coverage"] == 50.0 and r["n"] == 2
+    assert r["mape"] == pytest.approx((0.2 + 0.25) / 2 * 100)
+    assert trainer.conformal_offset(np.arange(1.0, 101.0), 0.9) == 91.0
+
+
+def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
+    raw, ttft, tpot, test = data
+    result = train_models(raw[~test], ttft[~test], tpot[~test], config=TrainConfig(seed=1))
+    assert set(result.models) == {"ttft", "tpot"} and result.mode == "streaming"
+    assert result.n_train["ttft"] == int((ttft[~test] > 0).sum())
+    for t in ("ttft", "tpot"):
+        cal = result.calibration[t]
+        assert np.isfinite(cal["offset_ms"]) and cal["scale"] == 1.0
+        assert all(w >= 0 for w in result.prior[t]["coef"].values())  # NNLS
+    bundle = trainer.loaded_bundle(result)
+    scores = trainer.evaluate_bundle(bundle, raw[test], ttft[test], tpot[test])
+    for t in ("ttft", "tpot"):
+        assert 80.0 <= scores[t]["coverage"] <= 97.0, scores[t]
+        assert "idle_lowkv" in scores[t]["by_regime"]
+    # calibrated beats the uncalibrated model's coverage gap and the fitted prior beats nothing
+    prior_only = LoadedBundle.builtin_prior()
+    prior_scores = trainer.evaluate_bundle(prior_only, raw[test], ttft[test], tpot[test])
+    assert scores["tpot"]["pinball"] < prior_scores["tpot"]["pinball"]
+    # bundle on disk: verified, loadable, identical predictions
+    manifest, files = trainer.build_bundle(result, "v000007-20261202T000000Z", metrics=scores)
+    path = write_bundle(tmp_path, manifest, files)
+    m2, f2 = read_bundle(path)
+    assert validate_manifest(m2)["models"]["ttft"]["format"] == "xgboost-ubj"
+    assert m2["metrics"]["ttft"]["n"] == int((ttft[test] > 0).sum())
+    again = LoadedBundle.from_files(m2, f2)
+    for a, b in zip(again.predict(raw[test]), bundle.predict(raw[test])):
+        np.testing.assert_allclose(a, b)
+
+
+def test_upstream_recipe_uses_the_reference_hyper_parameters(data):
+    raw, ttft, tpot, test = data
+    import xgboost as xgb
+
+    result = train_models(raw, ttft, tpot, config=TrainConfig(recipe="upstream"))
+    assert result.calibration == {}
+    booster = xgb.Booster()
+    booster.load_model(bytearray(result.models["ttft"]))
+    assert booster.num_boosted_rounds() == 200
+    assert booster.feature_names == list(trainer.FEATURE_SETS["upstream"]["ttft"])
+    # the parameters actually given to XGBoost (a loaded model does not keep them)
+    params, rounds = trainer._xgb_params(TrainConfig(recipe="upstream"), booster.feature_names, "ttft")
+    assert rounds == 200 and "monotone_constraints" not in params
+    assert {k: params[k] for k in ("objective", "quantile_alpha", "max_depth", "learning_rate", "subsample",
+                                   "colsample_bytree", "min_child_weight", "gamma", "reg_alpha", "reg_lambda",
+                                   "tree_method", "nthread")} == {
+        "objective": "reg:quantileerror", "quantile_alpha": 0.9, "max_depth": 6, "learning_rate": 0.05,
+        "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 5, "gamma": 0.2, "reg_alpha": 0.01,
+        "reg_lambda": 0.1, "tree_method": "hist", "nthread": 1}
+
+
+def test_lightgbm_and_mean_objective(data):
+    raw, ttft, tpot, test = data
+    res = train_models(raw, ttft, tpot, config=TrainConfig(model_type="lightgbm"))
+    manifest, files = trainer.build_bundle(res, "v000001-20261202T000000Z")
+    assert manifest["models"]["tpot"]["format"] == "lightgbm-text" and files["tpot.txt"].startswith(b"tree")
+    b = LoadedBundle.from_files(manifest, files)
+    assert b.model_kind == "lightgbm" and np.isfinite(b.predict(raw[:5])[0]).all()
+    mean = train_models(raw, ttft, tpot, config=TrainConfig(objective="mean", params={"n_estimators": 30}))
+    assert mean.calibration == {}  # conformal offsets are for quantile models
+
+
+def test_e2e_data_trains_ttft_only(data):
+    raw, ttft, tpot, _ = data
+    m = ttft > 0
+    result = train_models(raw[m], ttft[m], np.zeros(int(m.sum())), config=TrainConfig())
+    assert set(result.models) == {"ttft"} and result.mode == "e2e"
+    manifest, files = trainer.build_bundle(result, "v000001-20261202T000000Z")
+    assert manifest["mode"] == "e2e" and set(manifest["models"]) == {"ttft"}
+    b = LoadedBundle.from_files(manifest, files)
+    assert b.has_model("ttft") and not b.has_model("tpot")
+
+
+def test_too_few_rows_and_bad_targets():
+    raw = np.zeros((10, 11))
+    with pytest.raises(ValueError, match="no model"):
+        trainer.build_bundle(train_models(raw, np.ones(10), np.zeros(10)), "v000001-20261202T000000Z")
+    with pytest.raises(ValueError, match="finite"):
+        train_models(raw, np.full(10, np.inf), np.zeros(10))
+
+
+def test_training_stops_promptly_when_asked(data):
+    raw, ttft, tpot, _ = data
+    deadline = time.monotonic() + 0.5
+    t0 = time.monotonic()
+    with pytest.raises(trainer.TrainingStopped):
+        train_models(raw, ttft, tpot, config=TrainConfig(params={"n_estimators": 100_000}),
+                     stop=lambda: time.monotonic() > deadline)
+    assert time.monotonic() - t0 < 30  # 100k rounds would take minutes

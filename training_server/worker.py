@@ -1,0 +1,177 @@
+"""The retrain worker: off the request path, on an interval, only with new data.
+
+Every ``interval`` seconds the worker checks whether at least ``min_new`` rows arrived
+since the data the last candidate was trained on (row ids are monotone, so this survives
+restarts through the served manifest's ``trained_on.max_row_id``). If so it reads the
+stratified train/test sets, trains a candidate (``nthread`` 1 by default, so ingestion
+and serving keep a core; XGBoost releases the GIL), scores candidate and served bundle on
+the *same* current held-out rows, and publishes the candidate only when, for every target,
+its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no worse than the
+prior for the first learned bundle). Failures are counted and logged; the loop never dies.
+The stop flag is checked between phases and after every boosting round, so shutdown waits
+at most a few seconds.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from . import trainer
+from .metrics import TrainingMetrics
+from .registry import Registry
+from .store import SampleStore
+
+log = logging.getLogger("training_server.worker")
+
+
+class _Stopped(Exception):
+    pass
+
+
+@dataclass
+class CycleReport:
+    outcome: str  # "skipped" | "published" | "rejected" | "failed" | "stopped"
+    reason: str = ""
+    version: str | None = None
+    candidate: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
+                 tolerance: float) -> tuple[bool, str]:
+    """Decide on held-out scores of candidate and served bundle (same rows)."""
+    compared = []
+    for t, c in candidate.items():
+        s = served.get(t)
+        if s is None or not s.get("n"):
+            continue
+        limit = s["pinball"] if served_is_prior else s["pinball"] * (1.0 + tolerance)
+        compared.append(t)
+        if not c["pinball"] <= limit:
+            what = "prior" if served_is_prior else "served bundle"
+            return False, f"{t} pinball {c['pinball']:.4g} > {limit:.4g} ({what})"
+    if not compared:
+        return False, "no held-out rows to compare on"
+    return True, "candidate " + ", ".join(f"{t} {candidate[t]['pinball']:.4g} vs {served[t]['pinball']:.4g}"
+                                          for t in compared)
+
+
+class RetrainWorker:
+    def __init__(self, store: SampleStore, registry: Registry, metrics: TrainingMetrics, *,
+                 config: trainer.TrainConfig, interval: float, min_new: int, max_per_bucket: int,
+                 tolerance: float) -> None:
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self.config = config
+        self.interval = interval
+        self.min_new = min_new
+        self.max_per_bucket = max_per_bucket
+        self.tolerance = tolerance
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        served = registry.served
+        self.trained_max_id = int(((served.manifest.get("trained_on") or {}).get("max_row_id") or 0)
+                                  if served.source == "learned" else 0)
+        self.cycles = 0
+        self.failures = 0
+        self.last: CycleReport | None = None
+        #: test hook: called between phases with the phase name (failure injection)
+        self.on_phase: Callable[[str], None] | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="retrain-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask the loop to stop and wait up to ``timeout`` s; True if it ended."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                log.warning("retrain worker still busy after %.1fs; leaving it (daemon thread)", timeout)
+                return False
+            self._thread = None
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+    @property
+    def new_samples(self) -> int:
+        return max(0, self.store.last_id - self.trained_max_id)
+
+    def _phase(self, name: str) -> None:
+        if self._stop.is_set():
+            raise _Stopped(name)
+        if self.on_phase is not None:
+            self.on_phase(name)
+
+    # ---- one cycle -------------------------------------------------------------------
+    def run_once(self) -> CycleReport:
+        """One check-and-maybe-retrain cycle; never raises."""
+        t0 = time.perf_counter()
+        if self.new_samples < self.min_new:
+            return CycleReport("skipped", f"{self.new_samples} new samples < {self.min_new}")
+        self.cycles += 1
+        try:
+            report = self._cycle()
+        except (_Stopped, trainer.TrainingStopped):
+            report = CycleReport("stopped", "shutdown")
+        except Exception as e:
+            self.failures += 1
+            self.metrics.retrain_failures.inc()
+            log.exception("retrain cycle failed")
+            report = CycleReport("failed", f"{type(e).__name__}: {e}")
+        report.seconds = time.perf_counter() - t0
+        if report.outcome in ("published", "rejected"):
+            self.metrics.retrains.labels(report.outcome).inc()
+            self.metrics.retrain_seconds.observe(report.seconds)
+        log.info("retrain cycle: %s (%s) in %.2fs", report.outcome, report.reason, report.seconds)
+        self.last = report
+        return report
+
+    def _cycle(self) -> CycleReport:
+        # whatever happens next (even a failure), this data has been considered: no
+        # retrain, and no retry storm, until new rows arrive
+        self.trained_max_id = self.store.last_id
+        self._phase("read")
+        ts = self.store.read_training_set(self.max_per_bucket)
+        train, test = ts.train, ts.test
+        counts = train.counts()
+        if max(counts.values()) < self.config.min_rows:
+            return CycleReport("rejected", f"too few training rows {counts}")
+        self._phase("train")
+        result = trainer.train_models(train.raw, train.ttft, train.tpot, config=self.config, ts=train.ts,
+                                      stop=self._stop.is_set)
+        if not result.models:
+            return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
+        self._phase("evaluate")
+        candidate = trainer.loaded_bundle(result)
+        served = self.registry.served
+        cand_scores = trainer.evaluate_bundle(candidate, test.raw, test.ttft, test.tpot)
+        served_scores = trainer.evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
+        ok, reason = publish_gate(cand_scores, served_scores, served_is_prior=served.source != "learned",
+                                  tolerance=self.tolerance)
+        if not ok:
+            self.metrics.set_heldout(served_scores)
+            return CycleReport("rejected", reason, candidate=cand_scores, served=served_scores)
+        self._phase("publish")
+        test_counts = test.counts()
+        manifest, files = trainer.build_bundle(
+            result, self.registry.next_version(), metrics=cand_scores,
+            training={t: {"n_test": test_counts[t]} for t in test_counts},
+            extra={"trained_on": {"max_row_id": ts.max_id, "stored_rows": self.store.rows}})
+        bundle = self.registry.publish(manifest, files)
+        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self.metrics.set_heldout(cand_scores)
+        return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
+                           served=served_scores)
