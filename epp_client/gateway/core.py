@@ -150,6 +150,14 @@ class Gateway:
             d.order = d.order + self.fallback_router.rank([c for c in cands if c.state.name not in names])
         return d
 
+    def _hook(self, name: str, *args) -> None:
+        """Router lifecycle hooks never break a request: errors are logged and counted."""
+        try:
+            getattr(self.router, name)(*args)
+        except Exception:  # noqa: BLE001
+            log.warning("router hook %s failed", name, exc_info=True)
+            self.metrics.fallbacks.labels(reason="hook-error").inc()
+
     # ---- the request path ------------------------------------------------------------
     async def handle(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -250,8 +258,8 @@ class Gateway:
         ep.inflight_requests += 1
         ep.inflight_tokens += uncached
         tokens_released = False
-        self.router.on_dispatch(decision, cand, info)
         t0 = time.monotonic()
+        self._hook("on_dispatch", decision, cand, info, t0)
         resp: httpx.Response | None = None
         started = False
         outcome_ok = False
@@ -259,6 +267,7 @@ class Gateway:
         obs = StreamObserver() if info.streaming else None
         bobs = BodyObserver() if not info.streaming else None
         t_first: float | None = None
+        finished = False
         try:
             # ---- before the first byte: failures here are retried elsewhere ----
             try:
@@ -299,7 +308,7 @@ class Gateway:
                                 ep.inflight_tokens = max(0, ep.inflight_tokens - uncached)
                                 tokens_released = True
                             if status < 300:
-                                self.router.on_first_chunk(decision, cand, info)
+                                self._hook("on_first_chunk", decision, cand, info, t_first)
                     elif bobs is not None:
                         bobs.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -310,20 +319,30 @@ class Gateway:
                 except httpx.HTTPError as e:
                     self.metrics.upstream_errors.labels(endpoint=ep.name, stage="mid-stream").inc()
                     raise MidStreamFailure(f"{ep.url}: {type(e).__name__}") from None
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            outcome_ok = 200 <= status < 300 and not (obs is not None and obs.error_event)
-        finally:
+            # upstream finished: account the request before the client sees the end of it
             t_end = time.monotonic()
-            ep.inflight_requests = max(0, ep.inflight_requests - 1)
-            if not tokens_released:
-                ep.inflight_tokens = max(0, ep.inflight_tokens - uncached)
+            outcome_ok = 200 <= status < 300 and not (obs is not None and obs.error_event)
+            finished = True
+            self._release(ep, uncached, tokens_released)
+            self._finish(info, decision, cand, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
             if resp is not None:
                 await _aclose_quietly(resp)
-            if started:
-                self._finish(info, decision, cand, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match)
-            else:
-                self.router.on_complete(decision, cand, info, Outcome(False, status, None, None, 0, 0))
+            if not finished:  # failed, timed out or cancelled: no sample, a failed outcome
+                t_end = time.monotonic()
+                self._release(ep, uncached, tokens_released)
+                if started:
+                    self._finish(info, decision, cand, status, False, obs, bobs, t0, t_first, t_end, attempt, match)
+                else:
+                    self._hook("on_complete", decision, cand, info, Outcome(False, status, None, None, 0, 0), t_end)
         return None
+
+    @staticmethod
+    def _release(ep: EndpointState, uncached: int, tokens_released: bool) -> None:
+        ep.inflight_requests = max(0, ep.inflight_requests - 1)
+        if not tokens_released:
+            ep.inflight_tokens = max(0, ep.inflight_tokens - uncached)
 
     def _finish(self, info, decision, cand, status, ok, obs, bobs, t0, t_first, t_end, attempt, match) -> None:
         e2e = (t_end - t0) * 1000.0
@@ -339,7 +358,7 @@ class Gateway:
             tpot = (e2e - ttft) / (tokens - 1)
         if ok and ttft is None:
             ok = False  # a stream that never produced a token trains nothing
-        self.router.on_complete(decision, cand, info, Outcome(ok, status, ttft, e2e, tokens, chunks))
+        self._hook("on_complete", decision, cand, info, Outcome(ok, status, ttft, e2e, tokens, chunks), t_end)
         self.metrics.observe(info, cand, status, ok, ttft, tpot, e2e)
         pred = decision.predicted.get(cand.state.name)
         self.record_seq += 1

