@@ -20,7 +20,7 @@ from helm_support import (CHART, CRD_KINDS, REPO, RenderError, argv, by_kind, co
 STANDALONE_SETS = {
     "defaults": {},
     "everything-on": {
-        "auth": {"enabled": True, "token": "s3cret"},
+        "auth": {"enabled": True, "token": "s3cret-token"},
         "serviceMonitor": {"enabled": True},
         "dashboard": {"enabled": True},
         "predictionServers": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6}},
@@ -42,7 +42,7 @@ STANDALONE_SETS = {
 SIDECAR_SETS = {
     "example-defaults": {},
     "count-1": {"latencyPredictor": {"predictionServers": {"count": 1}}},
-    "alias-2-with-auth": {"latencyPredictor": {"predictionServerCount": 2, "auth": {"enabled": True, "token": "t"}}},
+    "alias-2-with-auth": {"latencyPredictor": {"predictionServerCount": 2, "auth": {"enabled": True, "token": "sidecar-token"}}},
     "bind-all-with-data-claim": {"latencyPredictor": {"sidecar": {"bindAddress": "0.0.0.0",
                                                                   "dataVolume": {"persistentVolumeClaim": {"claimName": "epp-data"}}},
                                                       "predictionServers": {"count": 4, "startPort": 8101}}},
@@ -330,11 +330,11 @@ def test_standalone_probes(standalone_renders):
 def test_token_is_never_a_plain_value(standalone_renders):
     objs = standalone_renders["everything-on"]
     secret = one(objs, "Secret")
-    assert secret["data"]["token"] == "czNjcmV0"  # base64("s3cret"), only inside the Secret
+    assert secret["data"]["token"] == "czNjcmV0LXRva2Vu"  # base64("s3cret-token"), only inside the Secret
     for _, c in containers(objs):
         ref = env_of(c)["LATENCY_API_TOKEN"]["secretKeyRef"]
         assert ref == {"name": secret["metadata"]["name"], "key": "token"}
-    assert "s3cret" not in yaml.safe_dump([o for o in objs if o["kind"] != "Secret"])
+    assert "s3cret-token" not in yaml.safe_dump([o for o in objs if o["kind"] != "Secret"])
 
 
 # -------------------------------------------------------------------- security context
@@ -378,6 +378,7 @@ INVALID = [
      "/containerSecurityContext/capabilities/add"),
     ({"training": {"testTrainRatio": 0.7}}, "/training/testTrainRatio"),
     ({"predictionServers": {"countt": 3}}, "countt"),
+    ({"auth": {"enabled": True, "token": "short"}}, "/auth/token"),
 ]
 
 
@@ -504,3 +505,45 @@ def test_dashboard_covers_what_operators_watch():
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
     for p in panels:
         assert p["targets"] and all(t["expr"] for t in p["targets"]), p["title"]
+
+
+def _exposed_metric_names() -> set[str]:
+    """Sample names the two servers' real metric registries expose (counters with _total,
+    histograms with _bucket/_sum/_count)."""
+    from prediction_server.metrics import Metrics
+    from training_server.metrics import TrainingMetrics
+
+    names = set()
+    for registry in (Metrics().registry, TrainingMetrics().registry):
+        for family in registry.collect():
+            names.add(family.name)
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+            names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    return names
+
+
+def test_dashboard_queries_only_metrics_the_servers_expose():
+    exposed = _exposed_metric_names()
+    assert "latency_prediction_requests_total" in exposed and "latency_training_store_rows" in exposed
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    used = {m for e in exprs for m in re.findall(r"\b(latency_(?:prediction|training)_[a-z_]+)\b", e)}
+    assert len(used) >= 15
+    assert not used - exposed, f"dashboard metrics the servers do not expose: {sorted(used - exposed)}"
+
+
+def test_packaged_dependency_leaves_the_examples_out(epp_chart):
+    import tarfile
+
+    (archive,) = (epp_chart / "charts").glob("latency-predictor-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "latency-predictor/templates/_sidecar.tpl" in names
+    assert "latency-predictor/values.schema.json" in names
+    assert not [n for n in names if "/examples/" in n]
+
+
+def test_chart_alone_in_sidecar_mode_renders_no_workload():
+    assert lint_problems(lint(CHART, {"mode": "sidecar"})) == []
+    assert render(CHART, {"mode": "sidecar"}) == []

@@ -62,7 +62,7 @@ def render(chart: Path, values: dict[str, Any] | None = None, *, release: str = 
     finally:
         cfg.close()
         ch.close()
-    return [doc for doc in yaml.safe_load_all(rel["manifest"]) if doc]
+    return [doc for doc in yaml.safe_load_all(rel.get("manifest") or "") if doc]
 
 
 def lint(chart: Path, values: dict[str, Any] | None = None) -> dict:
@@ -77,12 +77,13 @@ def lint_problems(report: dict) -> list[str]:
 
 
 def sidecar_chart(tmp_path: Path) -> Path:
-    """The example EPP chart with this chart vendored as its dependency, as
-    ``helm dependency build`` lays it out (``charts/latency-predictor``)."""
-    epp = tmp_path / "example-epp"
-    shutil.copytree(EXAMPLE_EPP, epp)
-    shutil.copytree(CHART, epp / "charts" / "latency-predictor",
-                    ignore=shutil.ignore_patterns("examples", "__pycache__"))
+    """The example EPP chart (examples/epp-sidecar) with its dependency on this chart
+    resolved by ``helm dependency update`` (``file://../..``, packaged through the
+    chart's .helmignore), in a copy of the chart under ``tmp_path``."""
+    copy = tmp_path / "latency-predictor"
+    shutil.copytree(CHART, copy, ignore=shutil.ignore_patterns("__pycache__", "charts", "Chart.lock"))
+    epp = copy / "examples" / EXAMPLE_EPP.name
+    _helm().dependency_update(str(epp), skip_refresh=True)
     return epp
 
 
