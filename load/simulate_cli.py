@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (report.md, results.json, plots)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N requests of the workload")
-    p.add_argument("--retrain-interval", type=float, default=30.0,
+    p.add_argument("--retrain-interval", type=float, default=60.0,
                    help="simulated seconds between retrains of the predicted policies (in-process mode)")
     p.add_argument("--predictor", default=None,
                    help="prediction server URL(s), comma-separated: use real servers instead of in-process models")

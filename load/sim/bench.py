@@ -21,7 +21,7 @@ class RunOptions:
     limit: int | None = None               # cap on requests (quick runs)
     predictor_url: str | None = None       # predicted policies against real servers
     training_url: str | None = None
-    retrain_interval_s: float = 30.0       # simulated seconds between retrains (in-process mode)
+    retrain_interval_s: float = 60.0       # simulated seconds between retrains (in-process mode)
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     extra: dict = field(default_factory=dict)
 
