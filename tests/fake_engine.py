@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import orjson
+import pytest
 import uvicorn
 
 
@@ -188,3 +189,12 @@ class FakeEngine(ServerThread):
         self.state = EngineState()
         self.name = name
         super().__init__(make_app(self.state, name), port)
+
+
+@pytest.fixture
+def engines():
+    """Two fake engines named ``a`` and ``b`` (import this fixture into a test module)."""
+    es = [FakeEngine("a").start(), FakeEngine("b").start()]
+    yield es
+    for e in es:
+        e.stop()

@@ -16,7 +16,7 @@ from epp_client.gateway.router import BuiltinRouter, Decision
 from epp_client.gateway.scrape import parse_metrics
 from epp_client.gateway.settings import GatewaySettings, SettingsError
 from epp_client.gateway.sse import StreamObserver
-from fake_engine import FakeEngine, ServerThread, free_port
+from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 
 class FixedOrder(BuiltinRouter):
@@ -26,14 +26,6 @@ class FixedOrder(BuiltinRouter):
 
     async def schedule(self, req, candidates):
         return Decision(order=list(candidates))
-
-
-@pytest.fixture
-def engines():
-    es = [FakeEngine("a").start(), FakeEngine("b").start()]
-    yield es
-    for e in es:
-        e.stop()
 
 
 def start_gateway(urls, router=None, **kw):
