@@ -1,0 +1,228 @@
+"""Scheduling overhead of ``epp_client`` per request: 16 endpoints, the full reference chain
+(producer → latency-slo-admitter → strict affinity → SLO tier → loose affinity →
+latency scorer → weighted-random picker), plus PreRequest and completion hooks.
+
+Modes (p50/p99/mean per request, in ms):
+
+- ``stub``: an in-process stub predictor (a few arithmetic operations per row), so the
+  figure is the library's own cost. Target: p99 <= 0.5 ms.
+- ``inprocess``: ``InProcessPredictor`` over the built-in prior bundle (row validation +
+  numpy model runtime), what the simulator uses.
+- ``server``: a real prediction server started by this benchmark on loopback
+  (``python -m prediction_server --port P``), called through ``PredictorClient``, both
+  the synchronous path and ``await Scheduler.aschedule`` (asyncio keep-alive client).
+
+    python -m load.bench_epp                       # all modes, 16 endpoints
+    python -m load.bench_epp --mode stub --requests 20000 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.config import REFERENCE_CONFIG
+from epp_client.predictor import BulkPrediction, InProcessPredictor, PredictorClient
+from epp_client.scheduler import Scheduler
+from epp_client.training import ListSink
+
+
+class StubPredictor:
+    """Cheap deterministic predictions from the rows (no validation, no numpy)."""
+
+    def predict_bulk(self, rows):
+        ttft = [40.0 + 0.05 * r["input_token_length"] * (1.0 - r["prefix_cache_score"])
+                + 80.0 * r["num_request_waiting"] + 0.02 * r["prefill_tokens_in_flight"] for r in rows]
+        tpot = [10.0 + 0.5 * r["num_request_running"] + 8.0 * r["kv_cache_percentage"] for r in rows]
+        return BulkPrediction(ttft, tpot, "stub")
+
+    async def apredict_bulk(self, rows):
+        return self.predict_bulk(rows)
+
+
+def make_workload(n_requests: int, n_endpoints: int, seed: int = 1):
+    """Endpoint-state snapshots and requests: half with SLO headers, some sheddable."""
+    rng = random.Random(seed)
+    states = []
+    for _ in range(64):
+        eps = []
+        for i in range(n_endpoints):
+            total = rng.randrange(1, 256)
+            eps.append(Endpoint(name=f"pod{i // 2}-rank-{i % 2}", address=f"10.0.0.{i // 2}", port=8000 + i % 2,
+                                rank=i % 2,
+                                metrics=EndpointMetrics(kv_cache_usage=rng.random() * 0.95,
+                                                        waiting_queue_size=rng.choice((0, 0, 0, 1, 2, 5)),
+                                                        running_requests_size=rng.randrange(0, 32)),
+                                prefix_match=PrefixMatch(rng.choice((0, total // 2, total)), total)))
+        states.append(eps)
+    reqs = []
+    for i in range(n_requests):
+        h = {}
+        if i % 2:
+            h["x-llm-d-slo-ttft-ms"] = str(rng.choice((200, 500, 1000, 3000)))
+            h["x-llm-d-slo-tpot-ms"] = str(rng.choice((20, 50)))
+        reqs.append((states[i % len(states)], h, rng.randrange(16, 8000), -1 if i % 7 == 0 else 0))
+    return reqs
+
+
+def summarize(wall_s: list[float], cpu_s: list[float]) -> dict:
+    """Wall-clock and CPU-time (this thread) percentiles. On a shared 2-core machine the
+    wall-clock tail includes preemption by other processes (a 4 ms scheduler tick);
+    the CPU time is the library's own cost."""
+    out: dict = {"n": len(wall_s)}
+    for key, samples in (("", wall_s), ("cpu_", cpu_s)):
+        xs = sorted(x * 1000.0 for x in samples)
+        n = len(xs)
+        out[f"{key}p50_ms"] = round(xs[n // 2], 4)
+        out[f"{key}p99_ms"] = round(xs[min(n - 1, int(0.99 * n))], 4)
+        out[f"{key}mean_ms"] = round(statistics.fmean(xs), 4)
+    return out
+
+
+def run_sync(sched: Scheduler, workload, warmup: int = 500) -> dict:
+    wall, cpu = [], []
+    clock, cpu_clock = time.perf_counter, time.thread_time
+    gc.collect()
+    for i, (eps, headers, tokens, prio) in enumerate(workload):
+        req = InferenceRequest(request_id=f"r{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
+        c0, t0 = cpu_clock(), clock()
+        res = sched.schedule(req, eps)
+        if res.ok:
+            sched.pre_request(req, res)
+        t1, c1 = clock(), cpu_clock()
+        if i >= warmup:
+            wall.append(t1 - t0)
+            cpu.append(c1 - c0)
+        if res.ok:
+            sched.on_complete(req.request_id)
+    return summarize(wall, cpu)
+
+
+async def run_async(sched: Scheduler, workload, warmup: int = 500) -> dict:
+    wall, cpu = [], []
+    clock, cpu_clock = time.perf_counter, time.thread_time
+    gc.collect()
+    for i, (eps, headers, tokens, prio) in enumerate(workload):
+        req = InferenceRequest(request_id=f"a{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
+        c0, t0 = cpu_clock(), clock()
+        res = await sched.aschedule(req, eps)
+        if res.ok:
+            sched.pre_request(req, res)
+        t1, c1 = clock(), cpu_clock()
+        if i >= warmup:
+            wall.append(t1 - t0)
+            cpu.append(c1 - c0)
+        if res.ok:
+            sched.on_complete(req.request_id)
+    return summarize(wall, cpu)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prediction_server(timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", LATENCY_LOG_LEVEL="warning")
+    proc = subprocess.Popen([sys.executable, "-m", "prediction_server", "--host", "127.0.0.1", "--port", str(port),
+                             "--training-server-url", ""], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prediction server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("prediction server did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench(mode: str, n_requests: int, n_endpoints: int) -> dict:
+    workload = make_workload(n_requests, n_endpoints)
+    out: dict = {}
+    if mode in ("stub", "all"):
+        s = Scheduler.from_config(REFERENCE_CONFIG, predictor=StubPredictor(), sink=ListSink(1000),
+                                  rng=random.Random(1))
+        out["stub_sync"] = run_sync(s, workload)
+        out["stub_async"] = asyncio.run(run_async(s, workload))
+    if mode in ("inprocess", "all"):
+        from prediction_server.model import LoadedBundle
+
+        bundle = LoadedBundle.builtin_prior()
+        s = Scheduler.from_config(REFERENCE_CONFIG, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
+                                  rng=random.Random(1))
+        out["inprocess_prior"] = run_sync(s, workload)
+    if mode in ("server", "all"):
+        proc, url = start_prediction_server()
+        try:
+            n = min(n_requests, 5000)
+            client = PredictorClient([url], deadline_ms=1000)
+            s = Scheduler.from_config(REFERENCE_CONFIG, predictor=client, sink=ListSink(1000), rng=random.Random(1))
+            out["server_sync"] = run_sync(s, workload[:n])
+
+            async def go():
+                aclient = PredictorClient([url], deadline_ms=1000)
+                sa = Scheduler.from_config(REFERENCE_CONFIG, predictor=aclient, sink=ListSink(1000),
+                                           rng=random.Random(1))
+                r = await run_async(sa, workload[:n])
+                r["fallbacks"] = aclient.metrics.fallbacks
+                await aclient.aclose()
+                return r
+
+            out["server_async"] = asyncio.run(go())
+            out["server_sync"]["fallbacks"] = client.metrics.fallbacks
+            client.close()
+        finally:
+            stop(proc)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("stub", "inprocess", "server", "all"), default="all")
+    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--endpoints", type=int, default=16)
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args(argv)
+    if args.requests <= 500:
+        ap.error("--requests must be > 500 (the first 500 are warm-up)")
+    res = {"endpoints": args.endpoints, "requests": args.requests, "python": sys.version.split()[0],
+           "results": bench(args.mode, args.requests, args.endpoints)}
+    for name, r in res["results"].items():
+        extra = f"  fallbacks={r['fallbacks']}" if "fallbacks" in r else ""
+        print(f"{name:16s} n={r['n']:6d}  wall p50={r['p50_ms']:.3f} p99={r['p99_ms']:.3f} "
+              f"mean={r['mean_ms']:.3f} ms   cpu p50={r['cpu_p50_ms']:.3f} p99={r['cpu_p99_ms']:.3f} ms{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
