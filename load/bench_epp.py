@@ -89,42 +89,57 @@ def summarize(wall_s: list[float], cpu_s: list[float]) -> dict:
     return out
 
 
+class _Recorder:
+    """Wall and CPU time of each request after the warm-up."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.wall, self.cpu = warmup, [], []
+        gc.collect()
+
+    @staticmethod
+    def start() -> tuple[float, float]:
+        return time.thread_time(), time.perf_counter()
+
+    def stop(self, i: int, started: tuple[float, float]) -> None:
+        t1, c1 = time.perf_counter(), time.thread_time()
+        if i >= self.warmup:
+            self.wall.append(t1 - started[1])
+            self.cpu.append(c1 - started[0])
+
+    def summary(self) -> dict:
+        return summarize(self.wall, self.cpu)
+
+
+def _request(prefix: str, i: int, headers: dict, tokens: int, prio: int) -> InferenceRequest:
+    return InferenceRequest(request_id=f"{prefix}{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
+
+
 def run_sync(sched: Scheduler, workload, warmup: int = 500) -> dict:
-    wall, cpu = [], []
-    clock, cpu_clock = time.perf_counter, time.thread_time
-    gc.collect()
+    rec = _Recorder(warmup)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
-        req = InferenceRequest(request_id=f"r{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
-        c0, t0 = cpu_clock(), clock()
+        req = _request("r", i, headers, tokens, prio)
+        started = rec.start()
         res = sched.schedule(req, eps)
         if res.ok:
             sched.pre_request(req, res)
-        t1, c1 = clock(), cpu_clock()
-        if i >= warmup:
-            wall.append(t1 - t0)
-            cpu.append(c1 - c0)
+        rec.stop(i, started)
         if res.ok:
             sched.on_complete(req.request_id)
-    return summarize(wall, cpu)
+    return rec.summary()
 
 
 async def run_async(sched: Scheduler, workload, warmup: int = 500) -> dict:
-    wall, cpu = [], []
-    clock, cpu_clock = time.perf_counter, time.thread_time
-    gc.collect()
+    rec = _Recorder(warmup)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
-        req = InferenceRequest(request_id=f"a{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
-        c0, t0 = cpu_clock(), clock()
+        req = _request("a", i, headers, tokens, prio)
+        started = rec.start()
         res = await sched.aschedule(req, eps)
         if res.ok:
             sched.pre_request(req, res)
-        t1, c1 = clock(), cpu_clock()
-        if i >= warmup:
-            wall.append(t1 - t0)
-            cpu.append(c1 - c0)
+        rec.stop(i, started)
         if res.ok:
             sched.on_complete(req.request_id)
-    return summarize(wall, cpu)
+    return rec.summary()
 
 
 def _free_port() -> int:
