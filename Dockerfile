@@ -88,7 +88,7 @@ COPY load ./load
 COPY latency_cli ./latency_cli
 # The servers run XGBoost on CPU only: drop the ~200 MB NCCL wheel XGBoost pulls in on
 # Linux, then prove both servers' imports and both model libraries work in this venv.
-RUN pip install --constraint /build/constraints.txt . \
+RUN pip install --no-build-isolation --constraint /build/constraints.txt . \
  && pip uninstall -y nvidia-nccl-cu12 \
  && python -c "import training_server.__main__, prediction_server.__main__, xgboost, lightgbm" \
  && latency-training-server --help >/dev/null \

@@ -226,3 +226,28 @@ def test_rendered_sidecars_start_and_the_epp_urls_and_probes_work(tmp_path):
     # and a probe fails once its server is gone
     dead = subprocess.run(ours[1]["livenessProbe"]["exec"]["command"], capture_output=True, timeout=30)
     assert dead.returncode != 0
+
+
+def test_every_server_setting_is_exposed_by_the_chart():
+    """Each environment variable the servers read is set by the chart (from a value), or
+    given by a command-line flag; only the benchmark-only route switch is left out."""
+    import dataclasses
+
+    from prediction_server.settings import Settings as PredictionSettings
+    from training_server.settings import Settings as TrainingSettings
+
+    objs = render(CHART, {"auth": {"enabled": True, "token": "tok-12345"},
+                          "training": {"seedBundle": "/seed"}, "predictionServers": {"bundleDir": "/bundles"}})
+    flags = {"--host": ("LATENCY_TRAINING_HOST", "LATENCY_PREDICTION_HOST"),
+             "--port": ("LATENCY_TRAINING_PORT", "LATENCY_PREDICTION_PORT"),
+             "--data-dir": ("LATENCY_DATA_DIR",), "--training-server-url": ("TRAINING_SERVER_URL",)}
+    ps = PredictionSettings()
+    server_vars = {
+        "training": set(TrainingSettings().env_names().values()),
+        "prediction": {ps.env_name(f.name) for f in dataclasses.fields(ps)} - {"LATENCY_ENABLE_BENCH_ROUTES"},
+    }
+    for component, wanted in server_vars.items():
+        c = _container(objs, component)
+        covered = {e["name"] for e in c["env"]}
+        covered |= {v for a in argv(c) if a in flags for v in flags[a]}
+        assert wanted - covered == set(), f"{component} settings the chart cannot set: {sorted(wanted - covered)}"
