@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from .settings import Settings, SettingsError
@@ -43,8 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
+    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown (lifespan: worker stopped, store
+    # drained) and then re-raises the signal to the handler that was installed before it:
+    # make that one a normal exit (status 0) instead of death by signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     server.run()
+    log.info("training server stopped")
     return 0
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

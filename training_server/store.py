@@ -216,11 +216,13 @@ class SampleStore:
                     n += len(job.rows)
                     if job.kind == "flush":
                         break
-            try:
-                self._run(batch)
-            finally:
-                with self._cond:
-                    self._pending -= sum(len(j.rows) for j in batch)
+            self._run(batch)
+
+    def _release(self, batch: list[_Job]) -> None:
+        """Free the batch's queue slots (before its futures resolve, so an acknowledged
+        client's next request sees the room)."""
+        with self._cond:
+            self._pending -= sum(len(j.rows) for j in batch)
 
     def _run(self, batch: list[_Job]) -> None:
         conn = self._conn
@@ -256,6 +258,7 @@ class SampleStore:
             log.error("sample store commit failed (%d rows): %s", len(rows), e)
             if flushes or rows:
                 self._recount()
+            self._release(batch)
             for j in batch:
                 if not j.future.done():
                     j.future.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
@@ -278,6 +281,7 @@ class SampleStore:
                 self.on_commit(len(rows), dt)
             except Exception:  # metrics must never break ingestion
                 log.exception("on_commit hook failed")
+        self._release(batch)
         for j in inserts:
             j.future.set_result(len(j.rows))
         for j in flushes:
