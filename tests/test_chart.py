@@ -225,7 +225,7 @@ def test_sidecar_probes_run_inside_the_container_on_loopback(sidecar_renders):
             cmd = " ".join(c[kind]["exec"]["command"])
             # readiness must not wait for a learned model: the EPP pod would never get the
             # traffic that trains one
-            assert f"http://127.0.0.1:{port}/healthz" in cmd, (c["name"], kind, cmd)
+            assert f"('127.0.0.1',{port})" in cmd and "GET /healthz " in cmd, (c["name"], kind, cmd)
 
 
 def test_sidecar_bound_to_all_interfaces_uses_http_probes(sidecar_renders):

@@ -220,6 +220,10 @@ def test_rendered_sidecars_start_and_the_epp_urls_and_probes_work(tmp_path):
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
                 probe = subprocess.run(c[kind]["exec"]["command"], capture_output=True, timeout=30)
                 assert probe.returncode == 0, (c["name"], kind, probe.stderr[-500:])
+        # the probe checks the status: the same command on /readyz fails (no model yet: 503)
+        not_ready = [a.replace("GET /healthz ", "GET /readyz ") for a in ours[1]["readinessProbe"]["exec"]["command"]]
+        assert not_ready != ours[1]["readinessProbe"]["exec"]["command"]
+        assert subprocess.run(not_ready, capture_output=True, timeout=30).returncode != 0
     finally:
         for p in reversed(procs):
             stop_server(p)

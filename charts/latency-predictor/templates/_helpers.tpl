@@ -118,7 +118,8 @@ app.kubernetes.io/part-of: latency-predictor
 Probes of one server; call with (dict "port" 8000 "readinessPath" "/healthz"
 "probes" $values.training.probes "exec" true). With exec (server bound to loopback in
 the EPP pod, unreachable from the kubelet) the probe runs an HTTP GET inside the
-container; otherwise it is an httpGet on the pod IP.
+container (python3 -I -S with a bare socket: ~half the CPU of importing urllib; exit 0
+only on status 200); otherwise it is an httpGet on the pod IP.
 */}}
 {{- define "latency-predictor.probes" -}}
 {{- $port := int64 .port -}}
@@ -130,8 +131,10 @@ container; otherwise it is an httpGet on the pod IP.
   exec:
     command:
       - python3
+      - -I
+      - -S
       - -c
-      - {{ printf "import urllib.request as u; u.urlopen('http://127.0.0.1:%d%s', timeout=%d)" $port $path (int64 (default 3 $cfg.timeoutSeconds)) | quote }}
+      - {{ printf "import socket,sys; s=socket.create_connection(('127.0.0.1',%d),%d); s.sendall(b'GET %s HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n'); sys.exit(s.recv(64).split(b' ')[1:2]!=[b'200'])" $port (int64 (default 3 $cfg.timeoutSeconds)) $path | quote }}
   {{- else }}
   httpGet:
     path: {{ $path }}
