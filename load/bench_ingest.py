@@ -1,0 +1,118 @@
+"""Ingestion benchmark of the training server (evaluation.md §3).
+
+Starts a real training server process on 127.0.0.1 (fresh temp data dir, pinned to one
+core with ``taskset`` when available), then one client posts ``POST /add_training_data_bulk``
+back to back with batches of recorded sharegpt-h200 entries for a fixed duration per point.
+Each point runs twice: with retraining idle, and with retraining running continuously
+(interval 0.5 s, retrain after every 100 new samples). Prints a table of entries/s and
+request latency (p50/p99, receive to durable commit acknowledged). Stops by itself.
+
+    python load/bench_ingest.py [--seconds 5] [--batches 100,1000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from training_server.testing import load_entries  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(data_dir: Path, port: int, training: bool) -> subprocess.Popen:
+    env = {**os.environ, "LATENCY_LOG_LEVEL": "warning",
+           "LATENCY_RETRAINING_INTERVAL_SEC": "0.5" if training else "3600",
+           "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100"}
+    cmd = [sys.executable, "-m", "training_server", "--port", str(port), "--data-dir", str(data_dir)]
+    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("training server did not start")
+
+
+def _point(batch: int, seconds: float, training: bool, entries: list[dict]) -> dict:
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    port = _free_port()
+    proc = _start(data_dir, port, training)
+    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {1})  # the client on the other core
+    try:
+        body = orjson.dumps({"entries": [entries[i % len(entries)] for i in range(batch)]})
+        lat = []
+        sent = 0
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          headers={"Content-Type": "application/json"}) as c:
+            for _ in range(3):  # warm-up
+                c.post("/add_training_data_bulk", content=body)
+            t_end = time.perf_counter() + seconds
+            t0 = time.perf_counter()
+            while time.perf_counter() < t_end:
+                t = time.perf_counter()
+                r = c.post("/add_training_data_bulk", content=body)
+                lat.append(time.perf_counter() - t)
+                if r.status_code != 202:
+                    raise RuntimeError(f"status {r.status_code}: {r.text[:200]}")
+                sent += batch
+            elapsed = time.perf_counter() - t0
+            status = c.get("/data/status").json()
+        a = np.array(lat) * 1000
+        return {"batch": batch, "training": training, "requests": len(lat), "entries_s": sent / elapsed,
+                "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+                "retrains": status["retrain_cycles"], "stored": status["stored_rows"]}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=5.0, help="duration of each point")
+    p.add_argument("--batches", default="100,1000", help="comma-separated batch sizes")
+    args = p.parse_args(argv)
+    entries = load_entries()
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        for training in (False, True):
+            rows.append(_point(batch, args.seconds, training, entries))
+    print(f"{'batch':>6} {'retraining':>10} {'requests':>9} {'entries/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'retrains':>8} {'stored':>8}")
+    for r in rows:
+        print(f"{r['batch']:>6} {'running' if r['training'] else 'idle':>10} {r['requests']:>9} "
+              f"{r['entries_s']:>10.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['retrains']:>8} {r['stored']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
