@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helm_support import (CHART, CRD_KINDS, REPO, RenderError, argv, by_kind, containers, default_values,
+from helm_support import (CHART, CRD_KINDS, RenderError, by_kind, containers, default_values,
                           env_of, lint, lint_problems, one, pod_spec, render, sidecar_chart, validate_objects)
 
 # ----------------------------------------------------------------------------- value sets
