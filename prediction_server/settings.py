@@ -18,6 +18,7 @@ Environment variable                    Default                      Meaning
                                                                      answer from the prior (model_source
                                                                      ``"prior"``)
 ``LATENCY_API_TOKEN``                   unset                        bearer token required on ``POST /reload``
+                                                                     (8+ printable characters)
 ``LATENCY_MAX_BODY_BYTES``              ``4194304``                  larger request bodies get 413
 ``LATENCY_MAX_BATCH_ROWS``              ``10000``                    larger batches get 422 (``requests``)
 ``LATENCY_QUANTILE_ALPHA``              ``0.9``                      quantile reported with the built-in prior
@@ -86,6 +87,14 @@ def _str(env: str, value: str) -> str:
 
 def _opt_str(env: str, value: str) -> str | None:
     return value.strip() or None
+
+
+def _token(env: str, value: str) -> str | None:
+    if value == "":
+        return None
+    if value != value.strip() or len(value) < 8 or not value.isprintable():
+        raise SettingsError(env, "must be at least 8 printable characters without surrounding spaces")
+    return value
 
 
 def _url(env: str, value: str) -> str:
@@ -176,7 +185,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "bundle_dir": ("LATENCY_BUNDLE_DIR", _opt_str),
     "sync_interval_sec": ("MODEL_SYNC_INTERVAL_SEC", _float(0.0, 86_400.0, open_lo=True)),
     "refuse_without_model": ("LATENCY_REFUSE_WITHOUT_MODEL", _bool),
-    "api_token": ("LATENCY_API_TOKEN", _opt_str),
+    "api_token": ("LATENCY_API_TOKEN", _token),
     "max_body_bytes": ("LATENCY_MAX_BODY_BYTES", _int(1024, 1 << 30)),
     "max_batch_rows": ("LATENCY_MAX_BATCH_ROWS", _int(1, 1_000_000)),
     "quantile_alpha": ("LATENCY_QUANTILE_ALPHA", _float(0.0, 1.0, open_lo=True, open_hi=True)),

@@ -30,12 +30,12 @@ def test_defaults():
 
 def test_env_and_overrides():
     env = {"LATENCY_PREDICTION_PORT": "9001", "TRAINING_SERVER_URL": "http://trainer:8000/",
-           "MODEL_SYNC_INTERVAL_SEC": "0.5", "LATENCY_REFUSE_WITHOUT_MODEL": "true", "LATENCY_API_TOKEN": "t",
+           "MODEL_SYNC_INTERVAL_SEC": "0.5", "LATENCY_REFUSE_WITHOUT_MODEL": "true", "LATENCY_API_TOKEN": "token-123",
            "LATENCY_MAX_BATCH_ROWS": "64", "LATENCY_QUANTILE_ALPHA": "0.95", "LATENCY_LOG_LEVEL": "WARNING",
            "LATENCY_BUNDLE_DIR": "/tmp/b"}
     s = Settings.from_env(env)
     assert s.port == 9001 and s.training_server_url == "http://trainer:8000" and s.sync_interval_sec == 0.5
-    assert s.refuse_without_model and s.api_token == "t" and s.max_batch_rows == 64 and s.quantile_alpha == 0.95
+    assert s.refuse_without_model and s.api_token == "token-123" and s.max_batch_rows == 64 and s.quantile_alpha == 0.95
     assert s.log_level == "warning" and s.bundle_dir == "/tmp/b"
     s = Settings.from_env(env, port="9100", training_server_url="")
     assert s.port == 9100 and s.training_server_url == ""
@@ -49,7 +49,8 @@ def test_env_and_overrides():
     ("MODEL_SYNC_INTERVAL_SEC", "0"), ("MODEL_SYNC_INTERVAL_SEC", "soon"),
     ("LATENCY_REFUSE_WITHOUT_MODEL", "maybe"), ("LATENCY_MAX_BODY_BYTES", "10"),
     ("LATENCY_MAX_BATCH_ROWS", "0"), ("LATENCY_QUANTILE_ALPHA", "1"), ("LATENCY_QUANTILE_ALPHA", "nan"),
-    ("LATENCY_LOG_LEVEL", "loud"), ("LATENCY_PREDICTION_HOST", "a b"),
+    ("LATENCY_LOG_LEVEL", "loud"), ("LATENCY_PREDICTION_HOST", "a b"), ("LATENCY_API_TOKEN", "short"),
+    ("LATENCY_API_TOKEN", " padded-token "),
 ])
 def test_bad_values_name_the_variable(env, value):
     with pytest.raises(SettingsError) as e:

@@ -209,12 +209,12 @@ def test_local_directory_mode(tmp_path):
 
 def test_reload_token(tmp_path):
     build_bundle(tmp_path, 1, "xgboost")
-    settings = Settings.from_env({"LATENCY_API_TOKEN": "s3cret"}, training_server_url="", bundle_dir=str(tmp_path))
+    settings = Settings.from_env({"LATENCY_API_TOKEN": "s3cret-token"}, training_server_url="", bundle_dir=str(tmp_path))
     with run_app(create_app(settings)) as url, httpx.Client(base_url=url) as c:
         assert c.post("/reload").status_code == 401
         r = c.post("/reload", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-        r = c.post("/reload", headers={"Authorization": "Bearer s3cret"})
+        r = c.post("/reload", headers={"Authorization": "Bearer s3cret-token"})
         assert r.status_code == 200 and r.json()["result"] in ("updated", "unchanged")
         assert r.json()["served_version"].startswith("v000001-")
         # predictions never need the token
