@@ -14,6 +14,8 @@ Public API::
     from epp_client.training import TrainingReporter, ListSink
     from epp_client.inflight import InFlightTracker
     from epp_client.config import REFERENCE_CONFIG, PREDICTED_LATENCY_SLO_CONFIG
+    from epp_client.metrics import EppCollector          # Prometheus exposition
+    from epp_client import rank_endpoints                # one Endpoint per DP rank (B4.6)
 
 Typical use::
 
@@ -23,7 +25,7 @@ Typical use::
     sched.pre_request(req, res); ...; sched.on_complete(req.request_id)
 """
 from .types import (Admission, ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
-                    LatencyPrediction, PrefixMatch)
+                    LatencyPrediction, PrefixMatch, rank_endpoints)
 
 __all__ = ["Endpoint", "EndpointMetrics", "PrefixMatch", "InFlightLoad", "LatencyPrediction", "InferenceRequest",
-           "Admission", "ConfigError", "EncoderMatch"]
+           "Admission", "ConfigError", "EncoderMatch", "rank_endpoints"]

@@ -67,6 +67,10 @@ class InFlightTracker(Configurable):
             ld = self._loads[name] = InFlightLoad()
         return ld
 
+    def loads(self) -> dict[str, InFlightLoad]:
+        """All live counters by endpoint name (a copy of the mapping)."""
+        return dict(self._loads)
+
     def snapshot(self, name: str) -> InFlightLoad:
         ld = self._loads.get(name)
         return InFlightLoad(ld.tokens, ld.requests) if ld is not None else InFlightLoad()

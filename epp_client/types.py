@@ -170,3 +170,26 @@ ADMITTED = Admission(True)
 
 def finite_or_zero(x: float) -> float:
     return x if math.isfinite(x) else 0.0
+
+
+#: Pod annotation listing the active data-parallel ports (B4.6), then its legacy alias.
+ACTIVE_PORTS_ANNOTATIONS = ("llm-d.ai/active-ports", "inference.networking.k8s.io/active-ports")
+
+
+def rank_endpoints(pod: str, address: str, target_ports: list[int], annotations: dict | None = None,
+                   labels: dict | None = None) -> list[Endpoint]:
+    """One Endpoint per data-parallel rank (B4.6): port ``target_ports[i]`` becomes
+    ``<pod>-rank-<i>`` with ``rank = i``. When the active-ports annotation is present,
+    only the listed ports that are also target ports become endpoints."""
+    annotations = annotations or {}
+    active = None
+    for key in ACTIVE_PORTS_ANNOTATIONS:
+        if key in annotations:
+            active = set()
+            for part in str(annotations[key]).split(","):
+                part = part.strip()
+                if part.isdigit():
+                    active.add(int(part))
+            break
+    return [Endpoint(name=f"{pod}-rank-{i}", address=address, port=port, rank=i, labels=dict(labels or {}))
+            for i, port in enumerate(target_ports) if active is None or port in active]

@@ -11,6 +11,7 @@ import pytest
 
 from epp_client import (Admission, ConfigError, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
                         LatencyPrediction, PrefixMatch)
+from epp_client import rank_endpoints
 from epp_client.params import parse_duration
 from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, LatencySloAdmitter, LoraAffinityScorer,
                                 MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter,
@@ -60,6 +61,19 @@ def test_data_type_defaults_and_prefix_score():
     assert not p.is_valid and LatencyPrediction(ttft_valid=True, tpot_valid=True).is_valid
     assert p.dispatched_request_count == 0 and p.model_version == ""
     assert Admission(False, "x", 429) != Admission()
+
+
+def test_data_parallel_rank_endpoints():
+    eps = rank_endpoints("vllm-0", "10.0.0.5", [8000, 8001, 8002], labels={"role": "decode"})
+    assert [(e.name, e.port, e.rank) for e in eps] == [("vllm-0-rank-0", 8000, 0), ("vllm-0-rank-1", 8001, 1),
+                                                         ("vllm-0-rank-2", 8002, 2)]
+    assert eps[0].labels == {"role": "decode"} and eps[0].metrics is not eps[1].metrics
+    # active-ports annotation: only listed ports that are also target ports
+    act = rank_endpoints("p", "h", [8000, 8001, 8002], {"llm-d.ai/active-ports": "8002, 8000,9999"})
+    assert [(e.name, e.port) for e in act] == [("p-rank-0", 8000), ("p-rank-2", 8002)]
+    legacy = rank_endpoints("p", "h", [8000, 8001], {"inference.networking.k8s.io/active-ports": "8001"})
+    assert [e.name for e in legacy] == ["p-rank-1"]
+    assert rank_endpoints("p", "h", [8000], {"llm-d.ai/active-ports": ""}) == []
 
 
 def test_go_duration_parsing():

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad, PrefixMatch
+from epp_client import (ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
+                        PrefixMatch)
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import PredictedLatencyProducer
 from epp_client.predictor import BulkPrediction, InProcessPredictor
@@ -300,6 +301,31 @@ def test_pd_ttft_sample_uses_prefill_target_and_queue_tracks_decode():
     ttft, tpot = sink.entries
     assert ttft["pod_type"] == "prefill" and ttft["num_request_running"] == 4 and ttft["predicted_ttft_ms"] == 200.0
     assert tpot["pod_type"] == "decode" and tpot["num_request_running"] == 3 and tpot["predicted_tpot_ms"] == 10.0
+
+
+def test_encoder_cache_features():
+    for enabled in (False, True):
+        p, pr, _, _ = make(use_encoder_cache_features=enabled)
+        eps = eps3()
+        eps[0].encoder_match = EncoderMatch(input_size=500, matched_size=900)  # matched is clamped
+        eps[2].encoder_match = EncoderMatch(input_size=400, matched_size=100)  # the last one sets the input size
+        p.produce(req(), eps)
+        got = [(r["encoder_input_size"], r["encoder_matched_size"]) for r in pr.calls[0]]
+        assert got == ([(400, 400), (400, 0), (400, 100)] if enabled else [(0, 0)] * 3)
+
+
+def test_redispatch_moves_the_running_queue_entry():
+    p, _, sink, clock = make()
+    eps = eps3()
+    p.produce(req(tpot=7), eps)
+    p.pre_request(req(tpot=7), eps[0])
+    p.pre_request(req(tpot=7), {"default": eps[2]})  # retried on another endpoint
+    assert p.running.size("a") == 0 and p.running.size("c") == 1
+    clock.t += 0.25
+    p.on_complete("r1")
+    (e,) = sink.entries
+    assert e["predicted_ttft_ms"] == 300.0 and e["actual_ttft_ms"] == 250.0  # the endpoint that served it
+    assert p.running.size("c") == 0
 
 
 def test_context_ttl_touch_on_read_and_expiry_removes_running_entry():

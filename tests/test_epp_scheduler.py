@@ -280,3 +280,23 @@ def test_queue_and_kv_scorers_in_a_profile():
     # queues 0, 0, 1, 1 and KV 0, 0.1, 0.2, 0.3
     assert res.scores == pytest.approx({"pod0-rank-0": 4.0, "pod1-rank-0": 3.8, "pod2-rank-0": 1.6, "pod3-rank-0": 1.4})
     assert res.picked[0].name == "pod0-rank-0"
+
+
+def test_prometheus_collector_exposes_the_counters():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from epp_client.metrics import EppCollector
+
+    pred = prior_predictor()
+    s = ref(predictor=pred)
+    for i in range(5):
+        r = InferenceRequest(request_id=f"m{i}", input_tokens=100)
+        res = s.schedule(r, cluster())
+        s.pre_request(r, res)
+    registry = CollectorRegistry()
+    registry.register(EppCollector(scheduler=s, predictor=pred))
+    text = generate_latest(registry).decode()
+    assert "epp_prediction_calls_total 5.0" in text and "epp_prediction_successes_total 5.0" in text
+    assert 'epp_producer_events_total{event="predictions"} 5.0' in text
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("epp_inflight_requests{")) == 5

@@ -311,6 +311,8 @@ class PredictedLatencyProducer(Configurable):
             primary = prefill
         ctx.target = primary.name
         ctx.prefill_target = prefill.name if prefill is not None and prefill is not primary else None
+        if ctx.dispatch is not None:  # re-dispatch (retry on another endpoint): move the entry
+            self.running.remove(request.request_id)
         ctx.dispatch = now
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
