@@ -48,8 +48,10 @@ def test_mixed_batch_keeps_valid_entries_and_names_fields(server):
     r = c.post("/add_training_data_bulk", content=json.dumps({"entries": [GOOD[7], "__INF__"]}).replace(
         '"__INF__"', '{"actual_ttft_ms": 1e400}'))
     assert r.status_code == 422 and svc.store.rows == 3
-    many_bad = {"entries": [{"x": i} for i in range(30)]}
-    assert len(c.post("/add_training_data_bulk", json=many_bad).json()["errors"]) == 10
+    # nothing valid at all: 422 naming the fields (first 10)
+    r = c.post("/add_training_data_bulk", json={"entries": [{"x": i} for i in range(30)]})
+    assert r.status_code == 422 and len(r.json()["detail"]) == 10
+    assert r.json()["detail"][3]["loc"] == ["body", "entries", 3, "kv_cache_percentage"]
     m = c.get("/metrics").text
     assert "latency_training_entries_accepted_total 3.0" in m
     assert 'latency_training_entries_rejected_total{reason="range_error"}' in m

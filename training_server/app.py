@@ -142,7 +142,7 @@ class TrainingService:
             except FieldError as e:
                 reasons[e.kind] = reasons.get(e.kind, 0) + 1
                 if len(errors) < MAX_ERRORS_REPORTED:
-                    errors.append({"index": i, "loc": ["body", *e.loc], "msg": e.msg})
+                    errors.append({"index": i, "loc": ["body", *e.loc], "msg": e.msg, "type": e.kind})
         for kind, n in reasons.items():
             self.metrics.rejected.labels(kind).inc(n)
         return valid, errors, len(entries)
@@ -150,6 +150,8 @@ class TrainingService:
     async def ingest(self, body: bytes) -> dict:
         t0 = time.perf_counter()
         valid, errors, total = self.parse_bulk(body)
+        if errors and not valid:  # nothing usable at all: a plain 4xx naming the fields
+            raise HTTPProblem(422, errors)
         rows = entries_to_rows(valid)
         try:
             fut = self.store.submit(rows)
@@ -395,7 +397,8 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
             raise HTTPProblem(404, "no learned bundle published yet")
         return Response(orjson.dumps(doc), media_type="application/json")
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses={200: {"description": "Prometheus text exposition",
+                                          "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         data = svc.metrics.render(svc.store.rows, svc.store.queue_depth)
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
