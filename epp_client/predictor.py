@@ -385,6 +385,7 @@ class PredictorClient:
     async def aclose(self) -> None:
         if self._coalescer is not None:
             self._coalescer.shutdown()
+            self._coalescer = None
         for p in self._apools.values():
             p.close()
         self.close()

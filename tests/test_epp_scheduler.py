@@ -64,6 +64,8 @@ def test_schedule_returns_pick_scores_admission_and_leaves_caller_endpoints_unto
     res = s.schedule(r, eps)
     assert res.ok and res.admission.admitted and len(res.picked) == 1
     assert r.request_id and r.headers["x-request-id"] == r.request_id == res.request_id
+    r2 = InferenceRequest(headers={"x-request-id": "from-header"})
+    assert s.schedule(r2, eps).request_id == "from-header" == r2.request_id
     assert set(res.scores) <= {e.name for e in eps} and res.picked[0].name in res.scores
     assert all(c.prediction is not None for c in res.candidates)
     assert all(e.prediction is None for e in eps)  # candidates are per-request clones
