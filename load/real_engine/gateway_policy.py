@@ -1,0 +1,89 @@
+"""Run the gateway with one of the harness's routing policies (a subprocess of the harness).
+
+    python -m load.real_engine.gateway_policy --policy llmd-default|llmd-token-load|predicted \\
+        --endpoints URL,URL --port P --prediction-urls URL --training-url URL
+
+Every policy runs a streaming predicted-latency producer, so every request is predicted
+(for the accuracy report) and trains the predictor; only ``predicted`` routes on the
+predictions. ``llmd-token-load`` needs the in-flight-token scorer of ``load.sim``, which is
+not an EndpointPickerConfig plugin type, so the schedulers are built here, in code or
+from YAML, and served by the same Gateway object as ``latency-predictor gateway``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
+from epp_client.gateway.app import build_app
+from epp_client.gateway.core import Gateway
+from epp_client.gateway.epp_router import EppRouter
+from epp_client.gateway.settings import GatewaySettings
+from epp_client.inflight import InFlightTracker
+from epp_client.plugins import MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
+from epp_client.predictor import PredictorClient
+from epp_client.scheduler import Scheduler, SchedulingProfile
+from epp_client.training import TrainingReporter
+
+POLICIES = ("llmd-default", "llmd-token-load", "predicted")
+
+#: llm-d's default profile (queue 2, KV 2, prefix 3, max-score picker) plus a streaming
+#: producer that only predicts and records (no plugin of the profile reads predictions).
+LLMD_DEFAULT_CONFIG = """\
+plugins:
+- type: predicted-latency-producer
+  parameters: {streamingMode: true}
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+"""
+
+
+def build_router(policy: str, prediction_urls: list[str], training_url: str) -> EppRouter:
+    predictor = PredictorClient(prediction_urls)
+    reporter = TrainingReporter(training_url)
+    if policy == "llmd-default":
+        sched = Scheduler.from_config(LLMD_DEFAULT_CONFIG, predictor=predictor, sink=reporter)
+    elif policy == "llmd-token-load":
+        from load.sim.epp_routers import InFlightTokenScorer
+
+        producer = PredictedLatencyProducer(predictor, reporter, streaming_mode=True)
+        profile = SchedulingProfile("default", [PrefixCacheAffinityFilter(affinity_threshold=0.8)],
+                                    [(InFlightTokenScorer(), 1.0)], MaxScorePicker())
+        sched = Scheduler(producer, [], [profile], InFlightTracker())
+    elif policy == "predicted":
+        sched = Scheduler.from_config(PREDICTED_LATENCY_SLO_CONFIG, predictor=predictor, sink=reporter)
+    else:
+        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    return EppRouter(sched, predictor, reporter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m load.real_engine.gateway_policy")
+    ap.add_argument("--policy", required=True, choices=POLICIES)
+    ap.add_argument("--endpoints", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--prediction-urls", required=True)
+    ap.add_argument("--training-url", required=True)
+    a = ap.parse_args(argv)
+    settings = GatewaySettings(endpoints=a.endpoints.split(","), port=a.port,
+                               prediction_urls=a.prediction_urls.split(","), training_url=a.training_url,
+                               scrape_interval_s=0.1)
+    logging.basicConfig(level="WARNING")
+    import uvicorn
+
+    gw = Gateway(settings, build_router(a.policy, settings.prediction_urls, a.training_url))
+    uvicorn.run(build_app(gw), host="127.0.0.1", port=a.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
