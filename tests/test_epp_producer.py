@@ -171,6 +171,12 @@ def test_running_queue_rejects_empty_duplicate_and_negative():
     assert q.add("a", "x", 0.0) and not q.add("b", "x", 3.0)
     assert q.size("a") == 1 and q.min_tpot("a") == 0.0
     assert q.remove("x") and not q.remove("x")
+    # lazily deleted heap entries stay bounded while the endpoint never drains
+    q.add("a", "keep", 5.0)
+    for i in range(1000):
+        q.add("a", f"r{i}", 10.0)
+        q.remove(f"r{i}")
+    assert q.size("a") == 1 and q.heap_size("a") <= 18 and q.min_tpot("a") == 5.0
 
 
 def test_prediction_failure_writes_nothing_and_training_only_mode():
@@ -205,6 +211,7 @@ def test_e2e_mode_training_sample_from_scheduling_snapshot_with_a24_fields():
     p.on_complete("r1")
     (e,) = sink.entries
     assert e["actual_ttft_ms"] == 1246.0 and e["actual_tpot_ms"] == 0.0  # whole ms, truncated, from PreRequest
+    assert p.counters["ttft_slo_violations"] == 1  # 1246 > 500
     assert (e["num_request_waiting"], e["prefill_tokens_in_flight"], e["prefix_cache_score"]) == (2, 500, 0.75)
     assert (e["predicted_ttft_ms"], e["predicted_tpot_ms"], e["model_version"]) == (100.0, 10.0, "v-test")
     assert e["timestamp"].startswith("2023-11-14T22:13:20")
@@ -238,6 +245,7 @@ def test_streaming_ttft_at_first_chunk_and_tpot_over_chunks():
     clock.t += 0.010
     p.on_complete("r1")  # the EOS call is the 10th chunk
     tp = sink.entries[1]
+    assert p.counters["ttft_slo_violations"] == 0 and p.counters["tpot_slo_violations"] == 0  # no TTFT SLO; 10 < 30
     assert tp["actual_ttft_ms"] == 0.0 and tp["actual_tpot_ms"] == pytest.approx((190 - 100) / 9)
     assert tp["prefix_cache_score"] == 0.0 and tp["encoder_input_size"] == 0 and tp["num_tokens_generated"] == 0
     assert tp["num_request_waiting"] == 2 and tp["predicted_tpot_ms"] == 10.0
@@ -325,6 +333,7 @@ def test_redispatch_moves_the_running_queue_entry():
     p.on_complete("r1")
     (e,) = sink.entries
     assert e["predicted_ttft_ms"] == 300.0 and e["actual_ttft_ms"] == 250.0  # the endpoint that served it
+    assert p.counters["ttft_slo_violations"] == 0
     assert p.running.size("c") == 0
 
 

@@ -67,7 +67,14 @@ class RunningQueue:
         if not live:  # an endpoint whose queue becomes empty is dropped
             del self._live[endpoint]
             del self._heaps[endpoint]
+        elif len(self._heaps[endpoint]) > 2 * len(live) + 16:  # bound the lazily deleted entries
+            heap = [item for item in self._heaps[endpoint] if item[2] in live]
+            heapq.heapify(heap)
+            self._heaps[endpoint] = heap
         return True
+
+    def heap_size(self, endpoint: str) -> int:
+        return len(self._heaps.get(endpoint, ()))
 
     def size(self, endpoint: str) -> int:
         live = self._live.get(endpoint)
@@ -161,7 +168,8 @@ class PredictedLatencyProducer(Configurable):
         self.running = RunningQueue()
         self._contexts: OrderedDict[str, _Context] = OrderedDict()
         self.counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
-                         "skipped_samples": 0, "expired_contexts": 0}
+                         "skipped_samples": 0, "expired_contexts": 0,
+                         "ttft_slo_violations": 0, "tpot_slo_violations": 0}
 
     # -- context TTL cache (touch on read) -----------------------------------------
     def _expire(self, now: float) -> None:
@@ -413,6 +421,8 @@ class PredictedLatencyProducer(Configurable):
             return
         self.sink.add([self._entry(ctx, name, row, ctx.ttft_ms, 0.0)])
         self.counters["ttft_samples"] += 1
+        if 0 < ctx.ttft_slo < ctx.ttft_ms:
+            self.counters["ttft_slo_violations"] += 1
 
     def _emit_tpot(self, ctx: _Context, avg_tpot: float, now: float) -> None:
         row = ctx.rows.get(ctx.target)
@@ -422,6 +432,8 @@ class PredictedLatencyProducer(Configurable):
         row = dict(row, prefix_cache_score=0.0, encoder_input_size=0, encoder_matched_size=0)
         self.sink.add([self._entry(ctx, ctx.target, row, 0.0, avg_tpot)])
         self.counters["tpot_samples"] += 1
+        if 0 < ctx.tpot_slo < avg_tpot:
+            self.counters["tpot_slo_violations"] += 1
 
     # -- debug state (B1.8) ----------------------------------------------------------------
     def dump_state(self, max_endpoints: int = 100) -> dict:
