@@ -333,3 +333,35 @@ def test_settings_validation_names_the_setting():
         GatewaySettings(endpoints=["http://127.0.0.1:1"], idle_timeout_s=0)
     with pytest.raises(SettingsError, match="LATENCY_GATEWAY_PORT"):
         GatewaySettings.from_env_and_args({"endpoints": ["http://127.0.0.1:1"]}, {"LATENCY_GATEWAY_PORT": "x"})
+
+
+def test_cli_command_serves_and_rejects_bad_settings(engines, tmp_path):
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "latency_cli.main", "gateway", "--endpoints", "ftp://x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "endpoints" in bad.stderr
+    port = free_port()
+    cfg = tmp_path / "epp.yaml"
+    cfg.write_text("plugins:\n- type: queue-scorer\n- type: max-score-picker\n")
+    p = subprocess.Popen([sys.executable, "-m", "latency_cli.main", "gateway", "--endpoints",
+                          ",".join(e.url for e in engines), "--port", str(port), "--config", str(cfg)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            try:
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(up, 30), p.stderr.read1().decode() if p.poll() is not None else "not up"
+        r = httpx.post(url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True})
+        assert r.status_code == 200 and b"[DONE]" in r.content
+        assert r.headers["x-engine"] in ("a", "b")
+    finally:
+        p.terminate()
+        p.wait(10)

@@ -142,7 +142,7 @@ def test_denied_admission_is_429_with_the_reason(servers, engines):
     for e in engines:  # neither idle nor cold: the admitter may shed
         e.state.kv_cache_usage, e.state.running = 0.5, 3
     gw, srv = start(servers["tmp"], [e.url for e in engines], ADMITTER_CONFIG, [servers["prediction"]],
-                    servers["training"])
+                    servers["training"], objectives={"batch": -1})
     try:
         time.sleep(0.2)  # one scrape
         impossible = {"x-llm-d-slo-ttft-ms": "0.001", "x-llm-d-slo-tpot-ms": "0.001"}
@@ -151,11 +151,15 @@ def test_denied_admission_is_429_with_the_reason(servers, engines):
         assert r.status_code == 429
         assert "no valid endpoint" in r.json()["error"]["message"]
         assert sum(len(e.state.received) for e in engines) == 0
+        # priority from the InferenceObjective named in the header
+        r = httpx.post(srv.url + "/v1/completions", json=body,
+                       headers={**impossible, "x-llm-d-inference-objective": "batch"})
+        assert r.status_code == 429
         # the same SLO on a non-sheddable request is served
         assert httpx.post(srv.url + "/v1/completions", json=body, headers=impossible).status_code == 200
         m = httpx.get(srv.url + "/metrics").text
         assert "latency_gateway_admission_denied_total" in m
-        assert 'no valid endpoint available to serve the request"} 1.0' in m
+        assert 'no valid endpoint available to serve the request"} 2.0' in m
     finally:
         srv.stop()
 
