@@ -5,6 +5,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from training_server.app import create_app
@@ -157,3 +158,23 @@ def test_openapi_describes_request_bodies(server):
     assert "requestBody" in spec["paths"]["/predict"]["post"]
     assert "requestBody" in spec["paths"]["/flush"]["post"]
     assert "/v1/bundles/{version}/{file}" in spec["paths"]
+
+
+def test_live_error_from_entries_carrying_predictions(server):
+    c, _ = server
+    ttft_rows = [e for e in load_entries() if e["actual_ttft_ms"] > 0][:40]
+    entries = [{**e, "predicted_ttft_ms": e["actual_ttft_ms"] * (2.0 if i % 4 else 0.5),
+                "model_version": "prior-default"} for i, e in enumerate(ttft_rows)]
+    other = [{**e, "predicted_ttft_ms": 1.0, "model_version": "v000009-20260101T000000Z"} for e in ttft_rows[:10]]
+    both = entries + other
+    for i in range(0, len(both), 4):  # small body limit and queue in this fixture
+        assert c.post("/add_training_data_bulk", json={"entries": both[i:i + 4]}).status_code == 202
+    m = {line.split(" ")[0]: float(line.split(" ")[1]) for line in c.get("/metrics").text.splitlines()
+         if line.startswith("latency_training_live_")}
+    # 3 of 4 predictions cover the actual; another bundle's predictions are not counted
+    assert m['latency_training_live_coverage_percent{target="ttft"}'] == 75.0
+    assert m['latency_training_live_samples{target="ttft"}'] == 40
+    expected = np.mean([0.1 * e["actual_ttft_ms"] if i % 4 else 0.9 * 0.5 * e["actual_ttft_ms"]
+                        for i, e in enumerate(ttft_rows)])
+    assert m['latency_training_live_pinball_ms{target="ttft"}'] == pytest.approx(expected)
+    assert m['latency_training_live_samples{target="tpot"}'] == 0

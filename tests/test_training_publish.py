@@ -70,6 +70,20 @@ def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
     assert fresh.new_samples == 400 and fresh.run_once().outcome == "skipped"
 
 
+def test_live_drift_lowers_the_retrain_threshold(parts):
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES[:3000])).result(10)
+    assert worker.run_once().outcome == "published"
+    store.submit(rows(ENTRIES[3000:3030])).result(10)  # 30 new rows < min_new 100
+    assert worker.run_once().outcome == "skipped"
+    worker.metrics.observe_live({"ttft": [(100.0, 120.0)] * 150})  # covered: no drift
+    assert worker.run_once().outcome == "skipped"
+    worker.metrics.observe_live({"ttft": [(100.0, 50.0)] * 150})  # 50% live coverage at p90: drift
+    assert worker.threshold() == (25, "live drift on ttft")
+    assert worker.run_once().outcome in ("published", "rejected")
+    assert worker.run_once().outcome == "skipped"  # still never without new data
+
+
 def test_failures_are_counted_and_the_loop_survives(parts):
     store, registry, worker = parts
     store.submit(rows(ENTRIES[:3000])).result(10)

@@ -35,6 +35,9 @@ from .worker import RetrainWorker
 log = logging.getLogger("training_server.app")
 
 MAX_ERRORS_REPORTED = 10
+#: Bodies larger than this are parsed in a worker thread, so a huge batch (up to
+#: LATENCY_MAX_BODY_BYTES) never stalls the event loop for other requests.
+PARSE_IN_THREAD_BYTES = 64 * 1024
 
 
 class HTTPProblem(Exception):
@@ -149,10 +152,13 @@ class TrainingService:
 
     async def ingest(self, body: bytes) -> dict:
         t0 = time.perf_counter()
-        valid, errors, total = self.parse_bulk(body)
+        if len(body) > PARSE_IN_THREAD_BYTES:
+            valid, errors, total = await asyncio.to_thread(self.parse_bulk, body)
+        else:
+            valid, errors, total = self.parse_bulk(body)
         if errors and not valid:  # nothing usable at all: a plain 4xx naming the fields
             raise HTTPProblem(422, errors)
-        rows = entries_to_rows(valid)
+        rows = entries_to_rows(valid)  # (numpy-vectorised stratum; cheap next to parsing)
         try:
             fut = self.store.submit(rows)
         except Saturated as e:
@@ -170,7 +176,10 @@ class TrainingService:
             raise HTTPProblem(503, "sample store unavailable; entries not stored", {"Retry-After": "1"}) from None
         self.metrics.accepted.inc(len(valid))
         live: dict[str, list] = {t: [] for t in TARGETS}
+        served = self.registry.served.version
         for e in valid:
+            if e.model_version and e.model_version != served:
+                continue  # predicted by another bundle: not the served model's live error
             if e.predicted_ttft_ms > 0 and e.actual_ttft_ms > 0:
                 live["ttft"].append((e.actual_ttft_ms, e.predicted_ttft_ms))
             if e.predicted_tpot_ms > 0 and e.actual_tpot_ms > 0:

@@ -16,6 +16,9 @@ from .trainer import evaluate_predictions
 PREFIX = "latency_training_"
 #: live-error window (entries carrying a prediction), per target
 LIVE_WINDOW = 2000
+#: live coverage this many points off the quantile, over at least DRIFT_MIN_SAMPLES, is drift
+DRIFT_COVERAGE_POINTS = 5.0
+DRIFT_MIN_SAMPLES = 200
 
 
 class TrainingMetrics:
@@ -62,11 +65,17 @@ class TrainingMetrics:
 
     # ---- ingestion -------------------------------------------------------------------------
     def observe_live(self, pairs: Mapping[str, list[tuple[float, float]]]) -> None:
-        """(actual, predicted) pairs per target from entries that carried a prediction."""
+        """(actual, predicted) pairs per target from entries that carried a prediction of the
+        served bundle (the caller filters on model_version)."""
         with self._live_lock:
             for t, items in pairs.items():
                 if items:
                     self._live[t].extend(items)
+
+    def drifting(self, min_n: int = DRIFT_MIN_SAMPLES, tolerance: float = DRIFT_COVERAGE_POINTS) -> list[str]:
+        """Targets whose live coverage is off the quantile by more than ``tolerance`` points."""
+        return [t for t, s in self.live_scores().items()
+                if s["n"] >= min_n and abs(s["coverage"] - 100.0 * self.quantile) > tolerance]
 
     def reset_live(self) -> None:
         with self._live_lock:
@@ -88,6 +97,7 @@ class TrainingMetrics:
         self._served_labels = (version, source)
         self.served_bundle.labels(version, source).set(1)
         self._loaded_at = loaded_at
+        self.reset_live()  # live error is tracked for the served bundle only
 
     def set_heldout(self, scores: Mapping[str, Mapping]) -> None:
         for t, s in scores.items():

@@ -9,7 +9,8 @@ the *same* current held-out rows, and publishes the candidate only when, for eve
 its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no worse than the
 prior for the first learned bundle). Failures are counted and logged; the loop never dies.
 The stop flag is checked between phases and after every boosting round, so shutdown waits
-at most a few seconds.
+at most a few seconds. When the served bundle's live coverage (from entries that carry its
+predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
 """
 from __future__ import annotations
 
@@ -116,11 +117,22 @@ class RetrainWorker:
             self.on_phase(name)
 
     # ---- one cycle -------------------------------------------------------------------
+    def threshold(self) -> tuple[int, str]:
+        """New samples needed for a retrain: ``min_new``, a quarter of it while the served
+        bundle's live coverage drifts (never zero: no retrain without new data)."""
+        drift = self.metrics.drifting() if self.registry.is_learned else []
+        if drift:
+            return max(1, self.min_new // 4), f"live drift on {', '.join(drift)}"
+        return self.min_new, ""
+
     def run_once(self) -> CycleReport:
         """One check-and-maybe-retrain cycle; never raises."""
         t0 = time.perf_counter()
-        if self.new_samples < self.min_new:
-            return CycleReport("skipped", f"{self.new_samples} new samples < {self.min_new}")
+        need, why = self.threshold()
+        if self.new_samples < need:
+            return CycleReport("skipped", f"{self.new_samples} new samples < {need}")
+        if why:
+            log.info("retraining early: %s", why)
         self.cycles += 1
         try:
             report = self._cycle()
