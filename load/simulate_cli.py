@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             results[label] = {}
             for pol in policies:
                 bar.start(f"load {label} {pol}")
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), time.process_time()
                 m, r, router = bench.run_one(scenario, arrivals, capacity, load, pol, opts, bar.update)
-                wall[(label, pol)] = time.monotonic() - t0
+                wall[(label, pol)] = (time.monotonic() - t0, time.process_time() - c0)
                 results[label][pol] = m
                 raw[(label, pol)] = r
                 notes[pol] = getattr(router, "description", "") or (router.__doc__ or "").strip().split("\n")[0]
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
            + f", TPOT <= {c.tpot_ms:g} ms, priority {c.priority}" for c in scenario.slo_classes]
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "slo": slo, "policy_notes": notes,
-            "wall_s": {f"{l}|{p}": w for (l, p), w in wall.items()}}
+            "wall_s": {f"{l}|{p}": w for (l, p), (w, _) in wall.items()},
+            "cpu_s": {f"{l}|{p}": c for (l, p), (_, c) in wall.items()}}
     summary = {l: {p: {k: v for k, v in m.items()} for p, m in per.items()} for l, per in results.items()}
     if args.out:
         out = Path(args.out)

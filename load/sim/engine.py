@@ -79,6 +79,7 @@ class Simulation:
         while srv.has_work():
             dur = srv.plan_step(now)
             if dur > 0:
+                srv.busy_until = now + dur
                 self._seq += 1
                 heapq.heappush(self._heap, (now + dur, self._seq, idx))
                 self._busy[idx] = True

@@ -116,10 +116,10 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
     if meta.get("policy_notes"):
         lines += ["## Policies", ""] + [f"- `{k}`: {v}" for k, v in meta["policy_notes"].items()] + [""]
     if meta.get("wall_s"):
-        lines += ["## Run time (wall clock, this machine)", "",
-                  "| load | policy | wall s |", "|---|---|---|"]
-        for (load, pol), w in meta["wall_s"].items():
-            lines.append(f"| {load} | {pol} | {w:.1f} |")
+        lines += ["## Run time (this machine; CPU = this process's CPU time)", "",
+                  "| load | policy | wall s | CPU s |", "|---|---|---|---|"]
+        for (load, pol), (w, c) in meta["wall_s"].items():
+            lines.append(f"| {load} | {pol} | {w:.1f} | {c:.1f} |")
         lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
