@@ -12,6 +12,8 @@ Protocol (all synchronous except the producer's network calls):
 Constructors take upstream parameters as snake_case keywords (upstream defaults) plus
 ``rng`` where random numbers are drawn; ``Class.from_config(params)`` takes the upstream
 camelCase names; invalid parameters raise ``ConfigError`` naming the parameter.
+The ``*ProducerName`` parameters are accepted for config compatibility and ignored: in
+this library each attribute has one source (the fields of :class:`~epp_client.Endpoint`).
 """
 from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter

@@ -99,7 +99,7 @@ class RunningQueue:
 class _Context:
     __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
                  "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
-                 "predicted_ttft", "predicted_tpot_obs", "last_chunk", "touched")
+                 "touched")
 
     def __init__(self, request_id: str, input_tokens: int) -> None:
         self.request_id = request_id
@@ -116,9 +116,6 @@ class _Context:
         self.chunks = 0
         self.tokens = 0
         self.tokens_known = True
-        self.predicted_ttft = 0.0
-        self.predicted_tpot_obs: list[float] = []
-        self.last_chunk = 0.0
         self.touched = 0.0
 
 
@@ -324,9 +321,6 @@ class PredictedLatencyProducer(Configurable):
         ctx.dispatch = now
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
-        chosen = ctx.prefill_target or ctx.target
-        pred = ctx.predictions.get(chosen)
-        ctx.predicted_ttft = pred[0] if pred is not None else 0.0
 
     # -- ResponseBody -----------------------------------------------------------------
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
@@ -339,14 +333,11 @@ class PredictedLatencyProducer(Configurable):
         if ctx is None or ctx.dispatch is None or not self.streaming_mode:
             return  # non-streaming mode ignores intermediate chunks
         self._count(ctx, tokens)
-        ctx.last_chunk = now
         if ctx.ttft_ms == 0:
             ctx.ttft_ms = float(int((now - ctx.dispatch) * 1000.0))
             ctx.chunks = 1
             ctx.tokens = tokens if tokens is not None else 0
             self._emit_ttft(ctx, now)
-            pred = ctx.predictions.get(ctx.target)
-            ctx.predicted_tpot_obs.append(pred[1] if pred is not None else 0.0)
             if ctx.ttft_ms == 0:
                 ctx.ttft_ms = 1e-9  # measured (sub-ms): later chunks are not first chunks
             return
