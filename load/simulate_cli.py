@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="prediction server URL(s), comma-separated: use real servers instead of in-process models")
     p.add_argument("--training-url", default=None, help="training server URL (with --predictor)")
     p.add_argument("--record-trace", default=None,
-                   help="write the training entries produced during the run to this JSONL file (wire format)")
+                   help="write the training entries that epp_client's producer emits during the run (llm-d "
+                        "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if bad or not policies:
             raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                              f"known: {', '.join(bench.known_policies())}")
+        if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
+            raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
+                             f"producer): one of {', '.join(bench.EPP_POLICIES)}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
     except ValueError as e:

@@ -96,5 +96,7 @@ def test_cli_rejects_bad_arguments(capsys):
     assert simulate_cli.main(["--policies", "random,bogus"]) == 2
     assert simulate_cli.main(["--load", "0.5,abc"]) == 2
     assert "abc" in capsys.readouterr().err
+    assert simulate_cli.main(["--policies", "random", "--record-trace", "/tmp/x.jsonl"]) == 2
+    assert "--record-trace" in capsys.readouterr().err
     assert simulate_cli.main(["--list"]) == 0
     assert "standard" in capsys.readouterr().out

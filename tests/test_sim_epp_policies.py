@@ -77,3 +77,30 @@ def test_predicted_upstream_uses_the_upstream_recipe_and_is_deterministic():
     b = _run("predicted-upstream", seed=2, limit=250, retrain_interval_s=20.0)
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
     assert a["retrain_published"] >= 1
+
+
+def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
+    """--predictor/--training-url mode: epp_client's PredictorClient and TrainingReporter
+    talk to a real training server and a real prediction server (uvicorn on 127.0.0.1)."""
+    predicted_deps("training_server.app")
+    import httpx
+
+    from prediction_server.app import create_app as prediction_app
+    from prediction_server.settings import Settings as PSettings
+    from training_server.app import create_app as training_app
+    from training_server.settings import Settings as TSettings
+    from training_server.testing import serve_in_thread
+
+    tset = TSettings.from_env({}, data_dir=str(tmp_path / "train"), retraining_interval_sec=0.5,
+                              min_samples_for_retrain=50)
+    with serve_in_thread(training_app(tset)) as turl:
+        pset = PSettings.from_env({}, training_server_url=turl, sync_interval_sec=0.5)
+        with serve_in_thread(prediction_app(pset)) as purl:
+            m = _run("predicted", limit=150, load=0.8, predictor_url=purl, training_url=turl)
+            assert m["completed"] == 150
+            assert m["predictions"] + m["prediction_failures"] == 150
+            assert m["predictions"] >= 140          # the 50 ms deadline may rarely fall back on a busy machine
+            status = httpx.get(f"{turl}/data/status", timeout=10).json()
+            # the reporter flushed every TTFT and TPOT sample on close
+            assert status["rows_with_target"]["ttft"] == 150
+            assert status["rows_with_target"]["tpot"] >= 120
