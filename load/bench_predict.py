@@ -116,6 +116,7 @@ async def _worker(port: int, req: bytes, stop_at: float, measure_from: float, la
             n = int(head[i + 15:head.index(b"\r\n", i)])
             body = await reader.readexactly(n)
             t1 = perf()
+            stats["all"] += 1
             if t0 >= measure_from:
                 if head.startswith(b"HTTP/1.1 200"):
                     lat.append(t1 - t0)
@@ -133,7 +134,7 @@ async def _run_point(port: int, req: bytes, concurrency: int, seconds: float, wa
     measure_from = now + warmup
     stop_at = measure_from + seconds
     lat: list[float] = []
-    stats = {"ok": 0, "errors": 0}
+    stats = {"ok": 0, "errors": 0, "all": 0}
     sample: list[bytes] = []
     await asyncio.gather(*[_worker(port, req, stop_at, measure_from, lat, stats, sample)
                            for _ in range(concurrency)])
@@ -156,27 +157,30 @@ def run_point(server: Server, path: str, body: bytes, rows: int, concurrency: in
         "rps": rps, "predictions_per_s": rps * rows,
         "p50_ms": lat[n // 2] * 1000 if n else float("nan"),
         "p99_ms": lat[min(n - 1, int(n * 0.99))] * 1000 if n else float("nan"),
-        # CPU over the whole point (warm-up included) per prediction made in it
-        "cpu_s_per_1k_pred": cpu / max(1, (out["ok"] + out["errors"]) * rows * (wall / seconds)) * 1000,
+        # server CPU over the whole point (warm-up included) per request / prediction made in it
+        "cpu_s_per_1k_pred": cpu / max(1, out["all"] * rows) * 1000,
+        "rps_per_cpu_s": out["all"] / cpu if cpu > 0 else float("nan"),
+        "server_cpu_share": cpu / wall,
         "samples": out["sample"],
     }
 
 
 def _median_point(runs: list[dict]) -> dict:
-    keys = ("rps", "predictions_per_s", "p50_ms", "p99_ms", "cpu_s_per_1k_pred")
+    keys = ("rps", "predictions_per_s", "p50_ms", "p99_ms", "cpu_s_per_1k_pred", "rps_per_cpu_s", "server_cpu_share")
     m = {k: statistics.median(r[k] for r in runs) for k in keys}
     m["errors"] = sum(r["errors"] for r in runs)
     return m
 
 
-def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, kind: str) -> dict:
+def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, kind: str, rounds: int,
+               max_depth: int) -> dict:
     """Steady p99 vs p99 while bundles are published every second."""
     from features.bundle import list_bundles, version_seq
     from prediction_server.demo_bundle import build_bundle
 
     from prediction_server.demo_bundle import train_files
 
-    train_files(kind, 41)  # train before measuring: the publisher only writes bundles
+    train_files(kind, rounds + 1, max_depth=max_depth)  # train before measuring: the publisher only writes
     path = "/predict/bulk/strict"
     steady = run_point(server, path, body, 16, 8, seconds)
     stop = threading.Event()
@@ -186,7 +190,7 @@ def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, ki
         seq = version_seq(list_bundles(bundle_dir)[-1].name)
         while not stop.wait(1.0):
             seq += 1
-            build_bundle(bundle_dir, seq, kind, rounds=40 + seq % 2)
+            build_bundle(bundle_dir, seq, kind, rounds=rounds + seq % 2, max_depth=max_depth)
             published.append(seq)
 
     t = threading.Thread(target=publisher, daemon=True)
@@ -216,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="16,64", help="rows per request, comma-separated (default 16,64)")
     p.add_argument("--concurrency", default="1,8,32", help="connections, comma-separated (default 1,8,32)")
     p.add_argument("--model", choices=("xgboost", "lightgbm"), default="xgboost")
+    p.add_argument("--rounds", type=int, default=200, help="boosting rounds per target (default 200, as the "
+                   "training server's default recipe)")
+    p.add_argument("--max-depth", type=int, default=4, help="tree depth (default 4, as the training server's)")
     p.add_argument("--no-pin", action="store_true", help="do not pin server/client to cores 0/1")
     p.add_argument("--no-swap-check", action="store_true", help="skip the bundle-swap-under-load check")
     p.add_argument("--out", help="also write the results as JSON to this file")
@@ -240,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     server = None
     results: dict = {"setting": {"seconds": args.seconds, "repeats": args.repeats, "model": args.model,
+                                 "rounds": args.rounds, "max_depth": args.max_depth,
                                  "pinned": pin is not None, "cpus": os.cpu_count()}, "points": []}
     try:
-        build_bundle(tmp, 1, args.model)
+        build_bundle(tmp, 1, args.model, rounds=args.rounds, max_depth=args.max_depth)
         server = Server(tmp, pin, sync_interval=0.25)
         print(f"server pid {server.pid} on {HOST}:{server.port}, pinned={pin is not None}, model={args.model}",
               file=sys.stderr)
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {pr['p99_ms']:.2f} ms; floor {point['noop']['rps']:.0f} req/s", file=sys.stderr)
         if not args.no_swap_check:
             body = json.dumps({"requests": _sample_rows(16)}).encode()
-            results["swap"] = swap_check(server, tmp, body, args.seconds, args.model)
+            results["swap"] = swap_check(server, tmp, body, args.seconds, args.model, args.rounds, args.max_depth)
     finally:
         if server is not None:
             server.stop()
@@ -274,17 +282,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def render_markdown(results: dict) -> str:
     s = results["setting"]
-    lines = [f"Prediction server, {s['model']} bundle, {s['seconds']:g} s x {s['repeats']} repeats (medians), "
-             f"server pinned to one core: {s['pinned']}",
+    lines = [f"Prediction server, {s['model']} bundle ({s['rounds']} rounds x depth {s['max_depth']} per target), "
+             f"{s['seconds']:g} s x {s['repeats']} repeats (medians), server pinned to one core: {s['pinned']}. "
+             "'req/CPU-s' = requests per second of server CPU (capacity of one uncontended core); "
+             "'CPU share' = server CPU / wall time (1.0 = had its core to itself).",
              "",
-             "| rows | conc | req/s | pred/s | p50 ms | p99 ms | CPU s/1k pred | floor req/s | floor p50 ms "
-             "| share of floor | errors |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| rows | conc | req/s | pred/s | p50 ms | p99 ms | CPU s/1k pred | req/CPU-s | CPU share "
+             "| floor req/s | floor req/CPU-s | share of floor (req/s) | share of floor (CPU) | errors |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for pt in results["points"]:
         pr, nf = pt["predict"], pt["noop"]
         lines.append(f"| {pt['rows']} | {pt['concurrency']} | {pr['rps']:.0f} | {pr['predictions_per_s']:.0f} "
-                     f"| {pr['p50_ms']:.2f} | {pr['p99_ms']:.2f} | {pr['cpu_s_per_1k_pred']:.4f} | {nf['rps']:.0f} "
-                     f"| {nf['p50_ms']:.2f} | {pt['share_of_floor']:.0%} | {pr['errors'] + nf['errors']} |")
+                     f"| {pr['p50_ms']:.2f} | {pr['p99_ms']:.2f} | {pr['cpu_s_per_1k_pred']:.4f} "
+                     f"| {pr['rps_per_cpu_s']:.0f} | {pr['server_cpu_share']:.2f} | {nf['rps']:.0f} "
+                     f"| {nf['rps_per_cpu_s']:.0f} | {pt['share_of_floor']:.0%} "
+                     f"| {pr['rps_per_cpu_s'] / nf['rps_per_cpu_s']:.0%} | {pr['errors'] + nf['errors']} |")
     sw = results.get("swap")
     if sw:
         lines += ["", f"Bundle swap under load (16 rows, c=8): {sw['bundles_published']} bundles published, "

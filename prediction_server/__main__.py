@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
-# One thread per server process: set before xgboost/lightgbm (OpenMP) are imported.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One thread per server process (scale by processes, never by OpenMP threads): set before
+# xgboost/lightgbm are imported; the model loaders also pass nthread=1.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("benchmark routes enabled (POST /bench/noop): do not use in production")
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
                             access_log=settings.access_log, log_level=settings.log_level, lifespan="on",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, proxy_headers=False, server_header=False)
     server = uvicorn.Server(config)
     server.run()  # handles SIGINT/SIGTERM: stops accepting, drains, runs lifespan shutdown
     return 0

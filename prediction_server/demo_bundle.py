@@ -42,7 +42,8 @@ def load_trace(path: str = str(SHAREGPT)) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 @functools.lru_cache(maxsize=16)
-def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGPT)) -> tuple[dict, dict, dict]:
+def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGPT),
+                max_depth: int = 5) -> tuple[dict, dict, dict]:
     """Train one model per target; returns (files {name: bytes}, models spec, metrics)."""
     raw, ttft, tpot = load_trace(path)
     files, models, metrics = {}, {}, {}
@@ -53,7 +54,7 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
         if kind == "xgboost":
             import xgboost as xgb
 
-            booster = xgb.train({"objective": "reg:quantileerror", "quantile_alpha": QUANTILE, "max_depth": 5,
+            booster = xgb.train({"objective": "reg:quantileerror", "quantile_alpha": QUANTILE, "max_depth": max_depth,
                                  "learning_rate": 0.1, "tree_method": "hist", "nthread": 1, "seed": 1},
                                 xgb.DMatrix(x, label=y), num_boost_round=rounds)
             data = bytes(booster.save_raw("ubj"))
@@ -62,7 +63,7 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
         elif kind == "lightgbm":
             import lightgbm as lgb
 
-            booster = lgb.train({"objective": "quantile", "alpha": QUANTILE, "num_leaves": 15,
+            booster = lgb.train({"objective": "quantile", "alpha": QUANTILE, "num_leaves": 15, "max_depth": max_depth,
                                  "learning_rate": 0.1, "num_threads": 1, "verbose": -1, "seed": 1},
                                 lgb.Dataset(x, label=y), num_boost_round=rounds)
             data = booster.model_to_string().encode()
@@ -78,9 +79,10 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
 
 
 def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
-                 calibration: dict | None = None) -> Path:
-    """Train (cached per kind/rounds) and write bundle ``seq`` under ``root``; returns its dir."""
-    files, models, metrics = train_files(kind, rounds)
+                 calibration: dict | None = None, max_depth: int = 5) -> Path:
+    """Train (cached per kind/rounds/depth) and write bundle ``seq`` under ``root``; returns its dir.
+    The training server's default recipe is 200 rounds of depth 4 (the benchmark uses that)."""
+    files, models, metrics = train_files(kind, rounds, max_depth=max_depth)
     manifest = {
         "version": make_version(seq),
         "created_at": datetime.now(timezone.utc).isoformat(),

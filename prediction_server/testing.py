@@ -59,6 +59,8 @@ class BundleServer:
         self.fault: str | None = None
         #: serve this version as the latest instead of the newest one
         self.latest: str | None = None
+        #: seconds to stall before answering a model-file request (a hung publisher)
+        self.file_delay = 0.0
         self.requests: list[str] = []
         outer = self
 
@@ -100,6 +102,8 @@ class BundleServer:
                     if not path.is_file() or parts[3] == MANIFEST:
                         return self._reply(404, b"{}")
                     data = path.read_bytes()
+                    if outer.file_delay:
+                        time.sleep(outer.file_delay)
                     if outer.fault == "corrupt":
                         data = bytes([data[0] ^ 0xFF]) + data[1:]
                     if outer.fault == "truncate":

@@ -144,6 +144,27 @@ def test_bad_bundle_rejected_old_kept(remote, fault, reason):
     wait_version(c, "v000002-")
 
 
+def test_hung_download_times_out_without_blocking_predictions(remote):
+    root, bs, c = remote
+    v1 = version_of(c)
+    bs.file_delay = 4.0  # longer than LATENCY_SYNC_TIMEOUT_SEC=2
+    build_bundle(root, 2, "xgboost", rounds=41)
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(c.post("/reload", timeout=30).json()))
+    t0 = time.monotonic()
+    t.start()
+    answered = 0
+    while t.is_alive():  # the event loop keeps serving while the sync waits on the network
+        r = c.post("/predict/bulk/strict", json={"requests": rows(2)}, timeout=1.0)
+        assert r.status_code == 200 and r.json()["model_version"] == v1
+        answered += 1
+        time.sleep(0.05)
+    t.join()
+    assert answered >= 5 and result["reason"] == "timeout" and result["served_version"] == v1
+    assert time.monotonic() - t0 < 3.9  # bounded by the timeout, not by the stalled server
+    bs.file_delay = 0.0
+
+
 def test_unknown_schema_rejected(remote):
     root, bs, c = remote
     src = list_bundles(root)[-1]
