@@ -7,7 +7,9 @@ file in a temporary directory), the same retrain worker cycle (stratified traini
 training server; predictions come from the served ``LoadedBundle`` through epp_client's
 ``InProcessPredictor``. Only the clock differs: the worker's cycle runs every
 ``retrain_interval_s`` *simulated* seconds (and, before the first learned model, as soon
-as ``min_new`` samples exist, at most every ``first_model_check_s``). Training takes no
+as ``min_new`` samples exist, at most every ``first_model_check_s``); once a model is
+served, a cycle retrains only with ``periodic_min_new`` new samples (the server's
+default is 100 every 2 s of wall time: fresher models than here). Training takes no
 simulated time.
 """
 from __future__ import annotations
@@ -28,8 +30,8 @@ from .epp_routers import EPOCH
 
 
 class OnlineLearner:
-    def __init__(self, recipe: str = "default", retrain_interval_s: float = 120.0, seed: int = 0,
-                 min_new: int = 100, max_per_bucket: int = 5000, test_ratio: float = 0.1,
+    def __init__(self, recipe: str = "default", retrain_interval_s: float = 60.0, seed: int = 0,
+                 min_new: int = 100, periodic_min_new: int = 1000, max_per_bucket: int = 5000, test_ratio: float = 0.1,
                  model_type: str = "xgboost", first_model_check_s: float = 5.0, tolerance: float = 0.02) -> None:
         if retrain_interval_s <= 0:
             raise ValueError("retrain_interval_s must be > 0")
@@ -37,6 +39,7 @@ class OnlineLearner:
         self.tick_interval_s = retrain_interval_s
         self.first_model_check_s = first_model_check_s
         self.min_new = min_new
+        self.periodic_min_new = periodic_min_new
         self._dir = Path(tempfile.mkdtemp(prefix="sim-learner-"))
         self.store = SampleStore(self._dir / "samples.sqlite3", max_rows=1_000_000, queue_size=1_000_000,
                                  test_ratio=test_ratio).open()
@@ -87,6 +90,9 @@ class OnlineLearner:
         if report.outcome == "published" and self.first_learned_at is None:
             self.first_learned_at = now
             self.samples_at_first_model = self.samples
+            # after the first model, retrain when enough new data arrived (keeps the number of
+            # cycles per run bounded by the traffic, not by the simulated duration)
+            self.worker.min_new = max(self.min_new, self.periodic_min_new)
 
     def tick(self, now: float) -> None:
         self._cycle(now)
