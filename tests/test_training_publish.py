@@ -16,7 +16,8 @@ from training_server.settings import Settings
 from training_server.store import SampleStore, entries_to_rows
 from training_server.testing import load_entries, serve_in_thread
 from training_server.trainer import TrainConfig
-from training_server.worker import RetrainWorker, publish_gate
+from training_server import trainer as trainer_mod
+from training_server.worker import RetrainWorker, publish_gate, target_verdicts
 from features.schema import parse_training_entry
 
 ENTRIES = load_entries()
@@ -39,11 +40,43 @@ def parts(tmp_path):
 
 
 def test_publish_gate_rules():
-    served = {"ttft": {"pinball": 10.0, "n": 50}}
+    served = {"ttft": {"pinball": 10.0, "n": 50}, "tpot": {"pinball": 1.0, "n": 50}}
     assert publish_gate({"ttft": {"pinball": 10.1}}, served, served_is_prior=False, tolerance=0.02)[0]
     assert not publish_gate({"ttft": {"pinball": 10.3}}, served, served_is_prior=False, tolerance=0.02)[0]
     assert not publish_gate({"ttft": {"pinball": 10.1}}, served, served_is_prior=True, tolerance=0.02)[0]
     assert not publish_gate({"ttft": {"pinball": 1.0}}, {}, served_is_prior=True, tolerance=0.02)[0]
+    # one target good enough: publish, the other keeps the served one
+    both = {"ttft": {"pinball": 12.0}, "tpot": {"pinball": 0.5}}
+    assert publish_gate(both, served, served_is_prior=False, tolerance=0.02)[0]
+    v = target_verdicts(both, served, served_is_prior=False, tolerance=0.02)
+    assert v["ttft"][0] is False and v["tpot"][0] is True
+
+
+def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch):
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES[:3000])).result(10)
+    assert worker.run_once().outcome == "published"
+    before = registry.served.manifest
+    real = trainer_mod.train_models
+
+    def sabotaged(*args, **kw):  # failure injection: a broken TTFT model, a good TPOT one
+        good = real(*args, **kw)
+        bad = real(*args, **{**kw, "config": TrainConfig(params={"n_estimators": 1, "max_depth": 1},
+                                                         calibrate=False)})
+        good.models["ttft"] = bad.models["ttft"]
+        good.calibration.pop("ttft")
+        return good
+
+    monkeypatch.setattr(trainer_mod, "train_models", sabotaged)
+    store.submit(rows(ENTRIES[3000:])).result(10)
+    worker.tolerance = 0.5  # let the retrained TPOT model through whatever the split noise
+    report = worker.run_once()
+    assert report.outcome == "published" and "kept served ttft" in report.reason, report.reason
+    after = registry.served.manifest
+    assert after["version"] != before["version"]
+    assert after["models"]["ttft"]["sha256"] == before["models"]["ttft"]["sha256"]  # carried over
+    assert after["calibration"]["ttft"] == before["calibration"]["ttft"]
+    assert after["models"]["tpot"]["sha256"] != before["models"]["tpot"]["sha256"]  # the new one
 
 
 def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
@@ -61,7 +94,7 @@ def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
     store.submit(rows(ENTRIES[3000:])).result(10)
     worker.config = TrainConfig(params={"n_estimators": 1, "max_depth": 1}, calibrate=False)
     bad = worker.run_once()
-    assert bad.outcome == "rejected" and "pinball" in bad.reason
+    assert bad.outcome == "rejected" and "ttft" in bad.reason and "tpot" in bad.reason
     assert registry.served.version == v1 and len(list_bundles(registry.root)) == 1
     assert bad.candidate["ttft"]["pinball"] > bad.served["ttft"]["pinball"]
     # a restarted worker remembers what the served bundle was trained on
@@ -182,3 +215,19 @@ def test_bundle_endpoints_end_to_end(tmp_path):
         m2 = c.get("/v1/bundles/latest").json()
         assert m2["models"] == manifest["models"] and m2["metrics"] == manifest["metrics"]
         assert c.post("/predict", json=ENTRIES[0]).json()["ttft_ms"] == pytest.approx(p["ttft_ms"])
+
+
+def test_a_losing_target_against_the_prior_keeps_the_prior(parts):
+    from features.prior import DEFAULT_PRIOR
+    from prediction_server.model import LoadedBundle
+
+    _, _, worker = parts
+    raw = np.array([parse_training_entry(e).raw for e in ENTRIES])
+    y = {t: np.array([e[f"actual_{t}_ms"] for e in ENTRIES], dtype=float) for t in ("ttft", "tpot")}
+    result = trainer_mod.train_models(raw, y["ttft"], y["tpot"], config=TrainConfig(params={"n_estimators": 20}))
+    composed = worker._compose(result, ["ttft"], LoadedBundle.builtin_prior())
+    assert set(composed.models) == {"tpot"} and "ttft" not in composed.calibration
+    assert composed.prior["ttft"] == DEFAULT_PRIOR["ttft"]
+    bundle = trainer_mod.loaded_bundle(composed)
+    assert bundle.source == "learned" and not bundle.has_model("ttft")
+    np.testing.assert_allclose(bundle.predict(raw[:50])[0], LoadedBundle.builtin_prior().predict(raw[:50])[0])

@@ -5,9 +5,11 @@ since the data the last candidate was trained on (row ids are monotone, so this 
 restarts through the served manifest's ``trained_on.max_row_id``). If so it reads the
 stratified train/test sets, trains a candidate (``nthread`` 1 by default, so ingestion
 and serving keep a core; XGBoost releases the GIL), scores candidate and served bundle on
-the *same* current held-out rows, and publishes the candidate only when, for every target,
-its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no worse than the
-prior for the first learned bundle). Failures are counted and logged; the loop never dies.
+the *same* current held-out rows and judges each target: the candidate's model is good
+enough when its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no
+worse than the prior while the prior is served). A new bundle is published when at least one
+target's model is good enough; a target whose model is not keeps what is served for it (the
+served model, or the served prior), so no target ever regresses beyond the tolerance. Failures are counted and logged; the loop never dies.
 The stop flag is checked between phases and after every boosting round, so shutdown waits
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
@@ -42,23 +44,34 @@ class CycleReport:
     seconds: float = 0.0
 
 
-def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
-                 tolerance: float) -> tuple[bool, str]:
-    """Decide on held-out scores of candidate and served bundle (same rows)."""
-    compared = []
+def target_verdicts(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
+                    tolerance: float) -> dict[str, tuple[bool | None, str]]:
+    """Per target of the candidate: (True = publish it, False = keep the served one,
+    None = no held-out rows to compare on), with a reason. Scores are on the same rows."""
+    out: dict[str, tuple[bool | None, str]] = {}
     for t, c in candidate.items():
         s = served.get(t)
         if s is None or not s.get("n"):
+            out[t] = (None, f"{t}: no held-out rows")
             continue
         limit = s["pinball"] if served_is_prior else s["pinball"] * (1.0 + tolerance)
-        compared.append(t)
-        if not c["pinball"] <= limit:
-            what = "prior" if served_is_prior else "served bundle"
-            return False, f"{t} pinball {c['pinball']:.4g} > {limit:.4g} ({what})"
-    if not compared:
-        return False, "no held-out rows to compare on"
-    return True, "candidate " + ", ".join(f"{t} {candidate[t]['pinball']:.4g} vs {served[t]['pinball']:.4g}"
-                                          for t in compared)
+        what = "prior" if served_is_prior else "served"
+        ok = bool(c["pinball"] <= limit)
+        out[t] = (ok, f"{t} {c['pinball']:.4g} {'<=' if ok else '>'} {limit:.4g} ({what} {s['pinball']:.4g})")
+    return out
+
+
+def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
+                 tolerance: float) -> tuple[bool, str]:
+    """Publish when at least one compared target's candidate model is good enough (those that
+    are not keep the served model; see RetrainWorker._compose)."""
+    verdicts = target_verdicts(candidate, served, served_is_prior=served_is_prior, tolerance=tolerance)
+    reason = "; ".join(r for _, r in verdicts.values()) or "no targets"
+    if not any(v is True for v, _ in verdicts.values()):
+        if all(v is None for v, _ in verdicts.values()):
+            return False, "no held-out rows to compare on"
+        return False, reason
+    return True, reason
 
 
 class RetrainWorker:
@@ -171,11 +184,19 @@ class RetrainWorker:
         served = self.registry.served
         cand_scores = trainer.evaluate_bundle(candidate, test.raw, test.ttft, test.tpot)
         served_scores = trainer.evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
-        ok, reason = publish_gate(cand_scores, served_scores, served_is_prior=served.source != "learned",
+        served_is_prior = served.source != "learned"
+        ok, reason = publish_gate(cand_scores, served_scores, served_is_prior=served_is_prior,
                                   tolerance=self.tolerance)
         if not ok:
             self.metrics.set_heldout(served_scores)
             return CycleReport("rejected", reason, candidate=cand_scores, served=served_scores)
+        verdicts = target_verdicts(cand_scores, served_scores, served_is_prior=served_is_prior,
+                                   tolerance=self.tolerance)
+        kept = [t for t, (v, _) in verdicts.items() if v is False]
+        if kept:  # per target: a model that lost keeps the served one (no regression)
+            result = self._compose(result, kept, served)
+            reason += f"; kept served {', '.join(kept)}"
+            cand_scores = trainer.evaluate_bundle(trainer.loaded_bundle(result), test.raw, test.ttft, test.tpot)
         self._phase("publish")
         test_counts = test.counts()
         manifest, files = trainer.build_bundle(
@@ -187,3 +208,31 @@ class RetrainWorker:
         self.metrics.set_heldout(cand_scores)
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
+
+    def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
+        """Replace the candidate's models for ``kept`` targets by what is served for them: the
+        served model when it is compatible (same kind, objective, quantile and features),
+        else the served prior (the target then has no model in the new bundle)."""
+        m = served.manifest
+        files = self.registry.served_files()
+        names = (m.get("features") or {}).get("features") or {}
+        for t in kept:
+            spec = (m.get("models") or {}).get(t)
+            compatible = (served.source == "learned" and spec is not None and spec["file"] in files
+                          and served.model_kind == result.config.model_type
+                          and served.objective == result.config.objective
+                          and served.quantile == result.config.quantile
+                          and tuple(names.get(t) or ()) == tuple(result.feature_names[t]))
+            result.prior[t] = m["prior"][t]
+            if compatible:
+                result.models[t] = files[spec["file"]]
+                cal = (m.get("calibration") or {}).get(t)
+                if cal:
+                    result.calibration[t] = cal
+                else:
+                    result.calibration.pop(t, None)
+                result.n_train[t] = int(((m.get("training") or {}).get(t) or {}).get("n_train", 0))
+            else:
+                result.models.pop(t, None)
+                result.calibration.pop(t, None)
+        return result
