@@ -5,7 +5,9 @@ core with ``taskset`` when available), then one client posts ``POST /add_trainin
 back to back with batches of recorded sharegpt-h200 entries for a fixed duration per point.
 Each point runs twice: with retraining idle, and with retraining running continuously
 (interval 0.5 s, retrain after every 100 new samples). Prints a table of entries/s and
-request latency (p50/p99, receive to durable commit acknowledged). Stops by itself.
+request latency (p50/p99, receive to durable commit acknowledged), then the time from the
+first 100 samples to a served learned model when the trace is replayed at 200 entries/s
+with the default retraining settings. Stops by itself.
 
     python load/bench_ingest.py [--seconds 5] [--batches 100,1000]
 """
@@ -37,9 +39,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(data_dir: Path, port: int, training: bool) -> subprocess.Popen:
-    env = {**os.environ, "LATENCY_LOG_LEVEL": "warning",
-           "LATENCY_RETRAINING_INTERVAL_SEC": "0.5" if training else "3600",
+def _start(data_dir: Path, port: int, interval: str) -> subprocess.Popen:
+    env = {**os.environ, "LATENCY_LOG_LEVEL": "warning", "LATENCY_RETRAINING_INTERVAL_SEC": interval,
            "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100"}
     cmd = [sys.executable, "-m", "training_server", "--port", str(port), "--data-dir", str(data_dir)]
     if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
@@ -59,7 +60,7 @@ def _start(data_dir: Path, port: int, training: bool) -> subprocess.Popen:
 def _point(batch: int, seconds: float, training: bool, entries: list[dict]) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     port = _free_port()
-    proc = _start(data_dir, port, training)
+    proc = _start(data_dir, port, "0.5" if training else "3600")
     if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})  # the client on the other core
     try:
@@ -96,6 +97,41 @@ def _point(batch: int, seconds: float, training: bool, entries: list[dict]) -> d
             os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
 
 
+def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0) -> dict:
+    """Replays the trace in recorded order at ``rate`` entries/s into a server with default
+    retraining settings (interval 2 s, 100 new samples); returns the seconds from the 100th
+    entry to /readyz = 200 (a learned model published) and the entries sent by then."""
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-first-"))
+    port = _free_port()
+    proc = _start(data_dir, port, "2")  # the default interval
+    step = 50
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            sent, t100 = 0, None
+            t_start = time.perf_counter()
+            while c.get("/readyz").status_code != 200:
+                now = time.perf_counter()
+                if t100 is not None and now - t100 > timeout:
+                    return {"seconds": None, "sent": sent, "version": None}
+                due = int((now - t_start) * rate) + step
+                while sent < min(due, len(entries)):
+                    batch = entries[sent:sent + step]
+                    assert c.post("/add_training_data_bulk", json={"entries": batch}).status_code == 202
+                    sent += len(batch)
+                    if t100 is None and sent >= 100:
+                        t100 = time.perf_counter()
+                time.sleep(0.02)
+            return {"seconds": time.perf_counter() - t100, "sent": sent,
+                    "version": c.get("/readyz").json()["model_version"]}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each point")
@@ -111,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['batch']:>6} {'running' if r['training'] else 'idle':>10} {r['requests']:>9} "
               f"{r['entries_s']:>10.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['retrains']:>8} {r['stored']:>8}")
+    first = _first_model(entries)
+    took = "not within 30 s" if first["seconds"] is None else f"{first['seconds']:.2f} s"
+    print(f"\ntrace replayed in order at 200 entries/s, default retraining settings: learned model served "
+          f"(/readyz 200) {took} after the 100th entry ({first['sent']} entries sent by then)")
     return 0
 
 
