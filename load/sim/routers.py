@@ -46,6 +46,8 @@ class BaseRouter:
 
 
 class RandomRouter(BaseRouter):
+    """Uniformly random endpoint (seeded)."""
+
     name = "random"
 
     def route(self, req, now):
@@ -53,6 +55,8 @@ class RandomRouter(BaseRouter):
 
 
 class RoundRobinRouter(BaseRouter):
+    """Endpoints in turn."""
+
     name = "round-robin"
 
     def __init__(self, seed: int = 0) -> None:
