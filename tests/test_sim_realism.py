@@ -163,3 +163,22 @@ def test_metrics_are_scraped_with_staleness():
     Simulation(ClusterConfig([spec], scrape_interval_s=1.0, scrape_delay_s=0.5), reqs, Probe(0)).run()
     # nothing scraped since t=0 is visible yet: the router sees an empty server every time
     assert [s[1] for s in seen] == [[0], [0], [0]]
+
+
+def test_server_metrics_report_kv_queue_and_active_lora():
+    spec = get_preset("llama3-8b-a100", max_num_seqs=1)
+    srv = ModelServer(0, spec)
+    a, b = _req(0, 1000, 3), _req(1, 1000, 3)
+    a.lora, b.lora = "sql-adapter", "chat-adapter"
+    srv.add(a, 0.0)
+    srv.add(b, 0.0)
+    t = srv.plan_step(0.0)
+    m = srv.metrics(t)
+    assert (m.waiting, m.running) == (1, 1)
+    assert m.active_lora == frozenset({"sql-adapter"})
+    assert m.kv_cache_usage == pytest.approx(-(-1000 // 16) / spec.num_blocks)
+    while srv.has_work():
+        t += srv.plan_step(t)
+        srv.finish_step(t, None, None)
+    m = srv.metrics(t)
+    assert (m.waiting, m.running, m.active_lora, m.kv_cache_usage) == (0, 0, frozenset(), 0.0)
