@@ -217,7 +217,7 @@ def test_bundle_endpoints_end_to_end(tmp_path):
         assert c.post("/predict", json=ENTRIES[0]).json()["ttft_ms"] == pytest.approx(p["ttft_ms"])
 
 
-def test_a_losing_target_against_the_prior_keeps_the_prior(parts):
+def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     from features.prior import DEFAULT_PRIOR
     from prediction_server.model import LoadedBundle
 
