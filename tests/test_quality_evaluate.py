@@ -1,0 +1,80 @@
+"""``latency-predictor evaluate``: the §1 protocol on a real trace, JSON shape, plots, bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from features.matrix import REGIME_NAMES
+from latency_cli.main import main as cli_main
+from training_server import evaluate
+
+from conftest import SHAREGPT, load_jsonl
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    p = tmp_path_factory.mktemp("traces") / "sharegpt-part.jsonl"
+    rows = load_jsonl(SHAREGPT, limit=1200)
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p, rows
+
+
+def test_json_output_has_the_issue_format(small_trace, tmp_path, capsys):
+    path, rows = small_trace
+    plots = tmp_path / "plots"
+    rc = cli_main(["evaluate", str(path), "--seeds", "2", "--json", "--plots", str(plots)])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"traces"} and set(doc["traces"]) == {"sharegpt-part"}
+    per = doc["traces"]["sharegpt-part"]
+    assert set(per) == {"ttft", "tpot"}
+    for t, key in (("ttft", "actual_ttft_ms"), ("tpot", "actual_tpot_ms")):
+        r = per[t]
+        assert set(r) == {"n", "pinball", "pinball_std", "coverage", "coverage_by_regime", "mape", "reference"}
+        assert r["n"] == sum(1 for row in rows if row[key] > 0)
+        assert r["pinball"] > 0 and r["pinball_std"] >= 0
+        assert 0 <= r["coverage"] <= 100 and set(r["coverage_by_regime"]) <= set(REGIME_NAMES)
+        assert set(r["reference"]) == {"pinball", "coverage"} and r["reference"]["pinball"] > 0
+        for kind in ("calibration", "reliability"):
+            png = plots / f"sharegpt-part-{t}-{kind}.png"
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_protocol_scores_match_a_direct_computation(small_trace):
+    """The reported figures are the pinball/coverage of the served bundle on the 10% splits."""
+    path, _ = small_trace
+    tr = evaluate.read_trace(path)
+    res = evaluate.evaluate_trace(tr, seeds=1, reference=False, keep_predictions=True)
+    test = evaluate.split(len(tr), 0)
+    y = tr.ttft[test]
+    assert len(res["ttft"]["_actual"]) == int((y > 0).sum())
+    pred, act = res["ttft"]["_pred"], res["ttft"]["_actual"]
+    d = act - pred
+    assert res["ttft"]["pinball"] == pytest.approx(np.mean(np.maximum(0.9 * d, -0.1 * d)))
+    assert res["ttft"]["coverage"] == pytest.approx(np.mean(act <= pred) * 100)
+    assert "reference" not in res["ttft"]
+
+
+def test_absent_target_is_omitted(small_trace, tmp_path, capsys):
+    _, rows = small_trace
+    p = tmp_path / "ttft-only.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows if r["actual_ttft_ms"] > 0))
+    assert cli_main(["evaluate", str(p), "--seeds", "1", "--json"]) == 0
+    per = json.loads(capsys.readouterr().out)["traces"]["ttft-only"]
+    assert set(per) == {"ttft"}
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"kv_cache_percentage": 2.0}', "kv_cache_percentage"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+])
+def test_malformed_line_fails_clearly(small_trace, tmp_path, capsys, line, needle):
+    _, rows = small_trace
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]) + line + "\n")
+    assert cli_main(["evaluate", str(p), "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}:6" in err and needle in err
