@@ -7,9 +7,11 @@ Each point runs twice: with retraining idle, and with retraining running continu
 (interval 0.5 s, retrain after every 100 new samples). Prints a table of entries/s and
 request latency (p50/p99, receive to durable commit acknowledged), then the time from the
 first 100 samples to a served learned model when the trace is replayed at 200 entries/s
-with the default retraining settings. Stops by itself.
+with the default retraining settings, and finally the retrain wall time and peak memory
+with 10k/100k (optionally 1M) stored samples spread over the load regimes, in a fresh
+process each. Stops by itself.
 
-    python load/bench_ingest.py [--seconds 5] [--batches 100,1000]
+    python load/bench_ingest.py [--seconds 5] [--batches 100,1000] [--retrain-sizes 10000,100000,1000000]
 """
 from __future__ import annotations
 
@@ -132,10 +134,63 @@ def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+_RETRAIN_CODE = r"""
+import resource, sys, tempfile, time, json
+from pathlib import Path
+import numpy as np
+from features.schema import parse_training_entry, COL
+from training_server.metrics import TrainingMetrics
+from training_server.registry import Registry
+from training_server.store import SampleStore, entries_to_rows
+from training_server.testing import load_entries
+from training_server.trainer import TrainConfig
+from training_server.worker import RetrainWorker
+n = int(sys.argv[1])
+base = [parse_training_entry(e) for e in load_entries()]
+rng = np.random.default_rng(0)
+d = Path(tempfile.mkdtemp(prefix="bench-retrain-"))
+store = SampleStore(d / "s.sqlite3", max_rows=max(n, 100), queue_size=10**7, test_ratio=0.1).open()
+t0 = time.perf_counter()
+for start in range(0, n, 20000):
+    k = min(20000, n - start)
+    picks = rng.integers(0, len(base), k)
+    entries = []
+    for i in picks:  # spread over load regimes so that many strata fill up
+        e = base[i]
+        raw = list(e.raw)
+        raw[COL["num_request_waiting"]] = float(rng.integers(0, 8))
+        raw[COL["kv_cache_percentage"]] = float(rng.random())
+        entries.append(e.__class__(tuple(raw), e.actual_ttft_ms, e.actual_tpot_ms, None))
+    store.submit(entries_to_rows(entries)).result()
+fill = time.perf_counter() - t0
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+worker = RetrainWorker(store, Registry(d / "bundles", keep=2), TrainingMetrics(), config=TrainConfig(),
+                       interval=1, min_new=1, max_per_bucket=5000, tolerance=0.02)
+t0 = time.perf_counter()
+report = worker.run_once()
+took = time.perf_counter() - t0
+m = worker.registry.served.manifest.get("training", {})
+print(json.dumps({"stored": store.rows, "fill_s": fill, "retrain_s": took, "outcome": report.outcome,
+                  "n_train": {t: (m.get(t) or {}).get("n_train") for t in ("ttft", "tpot")},
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_before_retrain_mb": rss0 / 1024}))
+store.close()
+"""
+
+
+def _retrain(n: int) -> dict:
+    """Retrain wall time and peak RSS (fresh process) with ``n`` stored samples."""
+    out = subprocess.run([sys.executable, "-c", _RETRAIN_CODE, str(n)], cwd=REPO, capture_output=True, text=True,
+                         timeout=1800, check=True)
+    return orjson.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each point")
     p.add_argument("--batches", default="100,1000", help="comma-separated batch sizes")
+    p.add_argument("--retrain-sizes", default="10000,100000",
+                   help="stored-sample counts for the retrain time/memory table ('' to skip; 1000000 takes minutes)")
     args = p.parse_args(argv)
     entries = load_entries()
     rows = []
@@ -147,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['batch']:>6} {'running' if r['training'] else 'idle':>10} {r['requests']:>9} "
               f"{r['entries_s']:>10.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['retrains']:>8} {r['stored']:>8}")
+    sizes = [int(x) for x in args.retrain_sizes.split(",") if x.strip()]
+    if sizes:
+        print(f"\n{'stored':>8} {'n_train ttft':>12} {'n_train tpot':>12} {'retrain s':>9} {'peak RSS MB':>11} {'outcome':>9}")
+        for n in sizes:
+            r = _retrain(n)
+            print(f"{r['stored']:>8} {r['n_train']['ttft'] or 0:>12} {r['n_train']['tpot'] or 0:>12} "
+                  f"{r['retrain_s']:>9.2f} {r['peak_rss_mb']:>11.0f} {r['outcome']:>9}")
     first = _first_model(entries)
     took = "not within 30 s" if first["seconds"] is None else f"{first['seconds']:.2f} s"
     print(f"\ntrace replayed in order at 200 entries/s, default retraining settings: learned model served "
