@@ -174,24 +174,30 @@ def _median_point(runs: list[dict]) -> dict:
 
 def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, kind: str, rounds: int,
                max_depth: int) -> dict:
-    """Steady p99 vs p99 while bundles are published every second."""
+    """Steady p99 vs p99 while a new bundle is published every second. Bundles are built
+    before measuring (in a staging directory) and published by an atomic rename, the last
+    step of ``features.bundle.write_bundle``, so the load generator is not disturbed."""
+    import os
+
     from features.bundle import list_bundles, version_seq
     from prediction_server.demo_bundle import build_bundle
 
-    from prediction_server.demo_bundle import train_files
-
-    train_files(kind, rounds + 1, max_depth=max_depth)  # train before measuring: the publisher only writes
+    staging = bundle_dir.parent / "staging"
+    seq0 = version_seq(list_bundles(bundle_dir)[-1].name)
+    n = int(seconds) + 2
+    staged = [build_bundle(staging, seq0 + 1 + i, kind, rounds=rounds + (i + 1) % 2, max_depth=max_depth)
+              for i in range(n)]
     path = "/predict/bulk/strict"
     steady = run_point(server, path, body, 16, 8, seconds)
     stop = threading.Event()
     published = []
 
     def publisher() -> None:
-        seq = version_seq(list_bundles(bundle_dir)[-1].name)
-        while not stop.wait(1.0):
-            seq += 1
-            build_bundle(bundle_dir, seq, kind, rounds=rounds + seq % 2, max_depth=max_depth)
-            published.append(seq)
+        for b in staged:
+            if stop.wait(1.0):
+                return
+            os.rename(b, bundle_dir / b.name)
+            published.append(b.name)
 
     t = threading.Thread(target=publisher, daemon=True)
     t.start()
@@ -200,6 +206,7 @@ def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, ki
     finally:
         stop.set()
         t.join()
+        shutil.rmtree(staging, ignore_errors=True)
     versions = set()
     mixed = 0
     for b in during["samples"]:
@@ -250,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "rounds": args.rounds, "max_depth": args.max_depth,
                                  "pinned": pin is not None, "cpus": os.cpu_count()}, "points": []}
     try:
-        build_bundle(tmp, 1, args.model, rounds=args.rounds, max_depth=args.max_depth)
-        server = Server(tmp, pin, sync_interval=0.25)
+        bundle_dir = tmp / "bundles"
+        build_bundle(bundle_dir, 1, args.model, rounds=args.rounds, max_depth=args.max_depth)
+        server = Server(bundle_dir, pin, sync_interval=0.25)
         print(f"server pid {server.pid} on {HOST}:{server.port}, pinned={pin is not None}, model={args.model}",
               file=sys.stderr)
         for rows in rows_list:
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {pr['p99_ms']:.2f} ms; floor {point['noop']['rps']:.0f} req/s", file=sys.stderr)
         if not args.no_swap_check:
             body = json.dumps({"requests": _sample_rows(16)}).encode()
-            results["swap"] = swap_check(server, tmp, body, args.seconds, args.model, args.rounds, args.max_depth)
+            results["swap"] = swap_check(server, bundle_dir, body, args.seconds, args.model, args.rounds, args.max_depth)
     finally:
         if server is not None:
             server.stop()
