@@ -17,12 +17,13 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -252,29 +253,55 @@ def summarize(policy: str, results: list[Result], records: list[dict], wl: Workl
 class Options:
     out: Path
     policies: list[str]
-    conversations: int = 24
+    conversations: int = 16
     turns: int = 4
-    concurrency: int = 6
+    concurrency: int = 4
     max_seconds_per_policy: float = 240.0
     ctx: int = 16384
     seed: int = 7
     engine_threads: int = 1
     slots: int = 4
-    extra: dict = field(default_factory=dict)
+    system_words: int = 160
+    ttft_slo_ms: float = 2000.0
+    tpot_slo_ms: float = 120.0
+
+
+def engine_speed(metrics_text: str) -> dict:
+    """Prefill tokens/s and decode ms/token over the phase, from llama-server's counters."""
+    v: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("llamacpp:") and " " in line:
+            k, _, x = line.partition(" ")
+            try:
+                v[k] = float(x)
+            except ValueError:
+                pass
+    pt, ps = v.get("llamacpp:prompt_tokens_total", 0), v.get("llamacpp:prompt_seconds_total", 0)
+    dt, ds = v.get("llamacpp:tokens_predicted_total", 0), v.get("llamacpp:tokens_predicted_seconds_total", 0)
+    return {"prompt_tokens": pt, "prefill_tok_per_s": pt / ps if ps else None,
+            "decode_ms_per_token": 1000 * ds / dt if dt else None,
+            "prompt_tokens_cached": v.get("llamacpp:prompt_tokens_cached_total")}
 
 
 def fetch_records(gw_url: str) -> list[dict]:
     return httpx.get(gw_url + "/gateway/requests", timeout=10).json()["records"]
 
 
+def _terminate(signum, frame):  # SIGTERM: unwind so every child process is stopped
+    raise SystemExit(128 + signum)
+
+
 def run(opts: Options) -> dict:
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
     opts.out.mkdir(parents=True, exist_ok=True)
     logs = opts.out / "logs"
     logs.mkdir(exist_ok=True)
     _log("building/locating llama-server and the model (cached after the first run)")
     binary = build_llama_server()
     model = install_model()
-    wl = make_workload(opts.seed, opts.conversations, opts.turns, concurrency=opts.concurrency)
+    wl = make_workload(opts.seed, opts.conversations, opts.turns, system_words=opts.system_words,
+                       concurrency=opts.concurrency, ttft_slo_ms=opts.ttft_slo_ms, tpot_slo_ms=opts.tpot_slo_ms)
     data_dir = Path(tempfile.mkdtemp(prefix="real-engine-data-"))
     procs: list[Proc] = []
     summaries: dict[str, dict] = {}
@@ -318,14 +345,19 @@ def run(opts: Options) -> dict:
             gw.wait_http(gw_url + "/healthz")
             _log(f"policy {policy}: {wl.requests} requests, {wl.concurrency} concurrent conversations")
             t0 = time.monotonic()
+            load_before = os.getloadavg()[0]
             results = asyncio.run(drive(gw_url, wl, policy, opts.max_seconds_per_policy))
             wall = time.monotonic() - t0
+            load_after = os.getloadavg()[0]
             time.sleep(1.5)  # let the reporter flush the last samples
             records = fetch_records(gw_url)
             (opts.out / f"gateway-metrics-{policy}.txt").write_text(httpx.get(gw_url + "/metrics").text)
+            speeds = []
             for e, u in engines:
                 try:
-                    (opts.out / f"engine-metrics-{policy}-{e.name[-1]}.txt").write_text(httpx.get(u + "/metrics").text)
+                    text = httpx.get(u + "/metrics").text
+                    (opts.out / f"engine-metrics-{policy}-{e.name[-1]}.txt").write_text(text)
+                    speeds.append(engine_speed(text))
                 except httpx.HTTPError:
                     pass
             for p in (gw, *[e for e, _ in engines]):
@@ -333,6 +365,8 @@ def run(opts: Options) -> dict:
                 procs.remove(p)
             s = summarize(policy, results, records, wl, wall)
             s["data_status"] = httpx.get(training_url + "/data/status", timeout=10).json()
+            s["engine_speed"] = speeds
+            s["loadavg_1m"] = [round(load_before, 2), round(load_after, 2)]
             summaries[policy] = s
             all_records[policy] = records
             all_results[policy] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in results]
@@ -359,9 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m load.real_engine", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("real-engine-report"))
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--conversations", type=int, default=24)
+    ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")
+    ap.add_argument("--system-words", type=int, default=160, help="length of each shared system prompt")
+    ap.add_argument("--ttft-slo-ms", type=float, default=2000.0)
+    ap.add_argument("--tpot-slo-ms", type=float, default=120.0)
     ap.add_argument("--max-seconds-per-policy", type=float, default=240.0)
     ap.add_argument("--ctx", type=int, default=16384, help="llama-server context (shared by its slots)")
     ap.add_argument("--seed", type=int, default=7)
@@ -370,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"--policies: unknown {bad} (known: {', '.join(POLICIES)})")
-    run(Options(a.out, policies, a.conversations, a.turns, a.concurrency, a.max_seconds_per_policy, a.ctx, a.seed))
+    run(Options(a.out, policies, a.conversations, a.turns, a.concurrency, a.max_seconds_per_policy, a.ctx, a.seed,
+                system_words=a.system_words, ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms))
     print(a.out / "report.md")
     return 0

@@ -128,6 +128,13 @@ def write_report(out: Path, info: dict, records: dict, results: dict) -> Path:
             f"{v['data_status'].get('served_version')} ({v['data_status'].get('model_source')})"
             for p, v in s.items() if isinstance(v.get('data_status'), dict)),
         "",
+        "Engine speed over each phase (llama-server counters; prefill tokens/s, decode ms/token, per "
+        "engine) and the machine's 1-minute load average before/after the phase (2 cores, shared with "
+        "the gateway, the prediction and training servers, and anything else running): " + "; ".join(
+            f"{p}: " + ", ".join(f"{_f(e.get('prefill_tok_per_s'))} tok/s, {_f(e.get('decode_ms_per_token'))} ms/tok"
+                                 for e in v.get("engine_speed", [])) + f", load {v.get('loadavg_1m')}"
+            for p, v in s.items()),
+        "",
         *[f"![{i}]({i})" for i in imgs],
         "",
     ]

@@ -58,9 +58,9 @@ class Workload:
         return sum(len(c.turns) for c in self.conversations)
 
 
-def make_workload(seed: int = 7, n_conversations: int = 24, turns: int = 4, n_systems: int = 3,
-                  system_words: int = 260, concurrency: int = 6, ttft_slo_ms: float = 1500.0,
-                  tpot_slo_ms: float = 90.0) -> Workload:
+def make_workload(seed: int = 7, n_conversations: int = 16, turns: int = 4, n_systems: int = 3,
+                  system_words: int = 160, concurrency: int = 4, ttft_slo_ms: float = 2000.0,
+                  tpot_slo_ms: float = 120.0) -> Workload:
     rng = random.Random(seed)
     systems = [f"System {i}: you are a helpful assistant for team {i}. " + _text(rng, system_words)
                for i in range(n_systems)]
@@ -69,7 +69,7 @@ def make_workload(seed: int = 7, n_conversations: int = 24, turns: int = 4, n_sy
         sid = rng.randrange(n_systems)
         conv = Conversation(c, sid, systems[sid])
         for _ in range(turns):
-            conv.turns.append(Turn(_text(rng, rng.randint(12, 30)), rng.randint(16, 48), rng.uniform(0.2, 1.2)))
+            conv.turns.append(Turn(_text(rng, rng.randint(12, 30)), rng.randint(16, 40), rng.uniform(0.2, 1.2)))
         convs.append(conv)
     return Workload(convs, concurrency, ttft_slo_ms, tpot_slo_ms)
 
