@@ -48,7 +48,7 @@ class Metrics:
         self.bundle_age.set_function(lambda: time.time() - self._loaded_at)
         for reason in SYNC_FAILURE_REASONS:
             self.sync_failures.labels(reason)
-        self._children: dict[tuple[str, int], tuple] = {}
+        self._children: dict[tuple[str, int, str], tuple] = {}
         self._lock = threading.Lock()
 
     def bind(self, endpoint: str, status: int, source: str) -> tuple:
@@ -62,14 +62,15 @@ class Metrics:
                 self._children[key] = c
         return c
 
-    def observe(self, endpoint: str, status: int, seconds: float, rows: int = 0, source: str = "") -> None:
-        req, rows_c, hist = self.bind(endpoint, status, source or "none")
+    def observe(self, endpoint: str, status: int, seconds: float, rows: int, source: str) -> None:
+        """A successful prediction request: three increments on pre-bound children."""
+        req, rows_c, hist = self.bind(endpoint, status, source)
         req.inc()
-        if rows:
-            rows_c.inc(rows)
-            hist.observe(seconds)
+        rows_c.inc(rows)
+        hist.observe(seconds)
 
     def count(self, endpoint: str, status: int) -> None:
+        """A request that predicted nothing (error answers, /reload)."""
         self.requests.labels(endpoint, str(status)).inc()
 
     def served(self, version: str, source: str, model_type: str, objective: str, quantile: float,

@@ -200,7 +200,7 @@ class PredictionService:
                 raise HTTPError(503, "no learned model loaded yet (LATENCY_REFUSE_WITHOUT_MODEL=true)")
             out, n = fn(body, served)
         except HTTPError as e:
-            self.metrics.observe(endpoint, e.status, 0.0)
+            self.metrics.count(endpoint, e.status)
             return e.status, e.body()
         dt = time.perf_counter() - t0
         out["processing_time_ms"] = dt * 1000.0

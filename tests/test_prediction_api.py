@@ -156,11 +156,14 @@ def test_status_healthz_readyz_metrics(learned):
     assert learned.get("/healthz").status_code == 200
     assert learned.get("/readyz").json()["model_version"] == s["model_version"]
     learned.post("/predict/bulk/strict", json={"requests": trace_rows(3)})
+    learned.post("/predict/bulk/strict", json={"requests": []})
     m = learned.get("/metrics")
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     text = m.text
     assert 'latency_prediction_requests_total{endpoint="/predict/bulk/strict",status="200"}' in text
     assert 'latency_prediction_rows_predicted_total{source="learned"}' in text
+    assert 'latency_prediction_requests_total{endpoint="/predict/bulk/strict",status="422"}' in text
+    assert 'source="none"' not in text
     assert 'latency_prediction_request_seconds_bucket{endpoint="/predict/bulk/strict",le="0.0001"}' in text
     assert f'version="{s["model_version"]}"' in text
     assert "latency_prediction_bundle_age_seconds" in text
