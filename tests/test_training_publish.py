@@ -79,7 +79,7 @@ def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch
     assert after["models"]["tpot"]["sha256"] != before["models"]["tpot"]["sha256"]  # the new one
 
 
-def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
+def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts, tmp_path):
     store, registry, worker = parts
     assert worker.run_once().outcome == "skipped"  # empty store
     store.submit(rows(ENTRIES[:3000])).result(10)
@@ -101,6 +101,15 @@ def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts):
     fresh = RetrainWorker(store, registry, TrainingMetrics(), config=TrainConfig(), interval=1, min_new=1000,
                           max_per_bucket=5000, tolerance=0.02)
     assert fresh.new_samples == 400 and fresh.run_once().outcome == "skipped"
+    # a replaced (empty) store under the same bundles: its ids start again, so does the count
+    other = SampleStore(tmp_path / "other.sqlite3", max_rows=1000, queue_size=1000, test_ratio=0.1).open()
+    try:
+        other.submit(rows(ENTRIES[:10])).result(10)
+        again = RetrainWorker(other, registry, TrainingMetrics(), config=TrainConfig(), interval=1, min_new=5,
+                              max_per_bucket=5000, tolerance=0.02)
+        assert again.trained_max_id == 0 and again.new_samples == 10
+    finally:
+        other.close()
 
 
 def test_live_drift_lowers_the_retrain_threshold(parts):
@@ -214,6 +223,11 @@ def test_bundle_endpoints_end_to_end(tmp_path):
         assert c.get("/readyz").status_code == 200
         m2 = c.get("/v1/bundles/latest").json()
         assert m2["models"] == manifest["models"] and m2["metrics"] == manifest["metrics"]
+        assert "trained_on" not in m2 and m2["seeded_from"]["version"] == version
+        # its own (empty) store's data will retrain it: 100 new samples are enough
+        assert c.get("/data/status").json()["new_samples_since_last_training"] == 0
+        assert c.post("/add_training_data_bulk", json={"entries": ENTRIES[:150]}).json()["accepted"] == 150
+        assert c.get("/data/status").json()["new_samples_since_last_training"] == 150
         assert c.post("/predict", json=ENTRIES[0]).json()["ttft_ms"] == pytest.approx(p["ttft_ms"])
 
 

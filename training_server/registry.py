@@ -98,6 +98,10 @@ class Registry:
             return bundle
         if seed is not None:
             manifest, files = read_seed(seed)
+            manifest = dict(manifest)
+            # row ids of another deployment's store mean nothing here
+            manifest.pop("trained_on", None)
+            manifest["seeded_from"] = {"version": manifest["version"], "path": str(seed)}
             bundle = self.publish(manifest, files)
             log.info("imported seed bundle %s from %s as %s", manifest["version"], seed, bundle.version)
             return bundle

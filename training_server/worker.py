@@ -92,6 +92,8 @@ class RetrainWorker:
         served = registry.served
         self.trained_max_id = int(((served.manifest.get("trained_on") or {}).get("max_row_id") or 0)
                                   if served.source == "learned" else 0)
+        if self.trained_max_id > store.last_id:  # the store was replaced under the bundles
+            self.trained_max_id = 0
         self.cycles = 0
         self.failures = 0
         self.last: CycleReport | None = None
