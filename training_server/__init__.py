@@ -1,1 +1,19 @@
-"""training_server package."""
+"""The training server: durable samples in, gated model bundles out (wire-api.md §1.3, §2).
+
+Modules (each usable in-process without a server):
+
+* ``settings``  - ``Settings.from_env(environ, **overrides)``, every ``LATENCY_*`` variable.
+* ``store``     - ``SampleStore``: SQLite (WAL, synchronous=FULL), one group-committing
+  writer, bounded queue (``Saturated`` -> 429), bounded rows (stratified eviction).
+* ``sampling``  - strata (queue x KV x prefix buckets), the deterministic held-out split,
+  the stratified newest-first training set.
+* ``trainer``   - ``train_models(raw, ttft, tpot, config=TrainConfig())``, ``evaluate_predictions``,
+  ``evaluate_bundle``, ``build_bundle`` (for ``features.bundle.write_bundle``), ``loaded_bundle``.
+* ``registry``  - published bundles on disk and the served one; export / seed documents.
+* ``worker``    - ``RetrainWorker``: interval + new-data trigger, per-target publish gate.
+* ``metrics``   - Prometheus metrics on a per-app registry.
+* ``app``       - ``create_app(settings)`` (FastAPI) over ``TrainingService``.
+* ``export``    - ``python -m training_server.export URL DIR``: a seed bundle directory.
+
+Run it with ``latency-training-server [--host H] [--port P] [--data-dir D]``.
+"""
