@@ -178,3 +178,20 @@ def test_live_error_from_entries_carrying_predictions(server):
                         for i, e in enumerate(ttft_rows)])
     assert m['latency_training_live_pinball_ms{target="ttft"}'] == pytest.approx(expected)
     assert m['latency_training_live_samples{target="tpot"}'] == 0
+
+
+def test_a_failing_disk_is_503_and_nothing_is_acknowledged(server):
+    import sqlite3
+
+    c, svc = server
+
+    def disk_full():
+        raise sqlite3.OperationalError("database or disk is full")
+
+    svc.store.before_commit = disk_full  # failure injection
+    r = c.post("/add_training_data_bulk", json={"entries": GOOD[:3]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert svc.store.rows == 0 and svc.store.queue_depth == 0
+    svc.store.before_commit = None  # the disk recovers: the writer is still alive
+    assert c.post("/add_training_data_bulk", json={"entries": GOOD[:3]}).status_code == 202
+    assert svc.store.rows == 3
