@@ -245,3 +245,26 @@ def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     bundle = trainer_mod.loaded_bundle(composed)
     assert bundle.source == "learned" and not bundle.has_model("ttft")
     np.testing.assert_allclose(bundle.predict(raw[:50])[0], LoadedBundle.builtin_prior().predict(raw[:50])[0])
+
+
+def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path):
+    import base64
+    import json
+
+    from features.bundle import BundleError
+
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES)).result(10)
+    assert worker.run_once().outcome == "published"
+    doc = registry.export()
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(doc))
+    seeded = Registry(tmp_path / "seeded", keep=2)
+    bundle = seeded.load(path)
+    assert bundle.source == "learned" and seeded.versions() == [bundle.version]
+    np.testing.assert_allclose(bundle.predict(np.zeros((1, 11)))[1], registry.served.predict(np.zeros((1, 11)))[1])
+    name = next(iter(doc["files"]))
+    bad = {**doc, "files": {**doc["files"], name: base64.b64encode(b"not a model").decode()}}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(BundleError):
+        Registry(tmp_path / "refused", keep=2).load(path)
