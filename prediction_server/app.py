@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from features.schema import row_json_schema
 
 from .metrics import CONTENT_TYPE
-from .service import PredictionService
+from .service import PredictionService, StrictBatcher
 from .settings import Settings
 from .sync import BundleSync
 
@@ -49,8 +49,11 @@ def _too_large(limit: int) -> bytes:
 
 
 def body_handler(handler: Callable[[bytes], tuple[int, bytes]], limit: int, endpoint: str,
-                 service: PredictionService) -> ASGIApp:
-    """Raw ASGI app: read at most ``limit`` body bytes, answer ``handler(body)``."""
+                 service: PredictionService,
+                 async_handler: Callable[[bytes], Awaitable[tuple[int, bytes]]] | None = None) -> ASGIApp:
+    """Raw ASGI app: read at most ``limit`` body bytes, answer ``handler(body)`` (or
+    ``async_handler(body)`` when given; bodies over 256 KiB always go to ``handler`` in a
+    worker thread)."""
     too_large = _too_large(limit)
 
     async def app(scope: dict, receive: Callable, send: Callable) -> None:
@@ -87,6 +90,8 @@ def body_handler(handler: Callable[[bytes], tuple[int, bytes]], limit: int, endp
         try:
             if len(body) > _THREAD_BODY_BYTES:
                 status, payload = await run_in_threadpool(handler, body)
+            elif async_handler is not None:
+                status, payload = await async_handler(body)
             else:
                 status, payload = handler(body)
         except Exception:  # a bug, never bad input: answer 500 and log it
@@ -223,8 +228,8 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
     limit = settings.max_body_bytes
 
     def post(path: str, handler: Callable[[bytes], tuple[int, bytes]], doc: dict, summary: str,
-             include_in_schema: bool = True) -> None:
-        asgi = body_handler(handler, limit, path, service)
+             include_in_schema: bool = True, async_handler=None) -> None:
+        asgi = body_handler(handler, limit, path, service, async_handler)
 
         async def documented() -> None:  # pragma: no cover - the route's app is ``asgi`` below
             """Signature holder for OpenAPI; requests are served by the raw handler."""
@@ -235,7 +240,8 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
         app.fast_routes[("POST", path)] = asgi
 
     post("/predict/bulk/strict", service.predict_strict, _doc(s["bulk_body"], s["strict_resp"], 503),
-         "Predict TTFT/TPOT for a batch; any invalid row fails the call (the EPP hot path)")
+         "Predict TTFT/TPOT for a batch; any invalid row fails the call (the EPP hot path)",
+         async_handler=StrictBatcher(service) if settings.coalesce_requests else None)
     post("/predict/bulk", service.predict_bulk, _doc(s["bulk_body"], s["bulk_resp"], 503),
          "Predict a batch; invalid rows give null plus an entry in errors")
     post("/predict", service.predict_one, _doc(s["row"], s["pred"], 503), "Predict one row")

@@ -18,7 +18,9 @@ from features.schema import ROW_FIELDS, parse_row, row_from_raw
 from prediction_server.app import create_app
 from prediction_server.demo_bundle import build_bundle, load_trace
 from prediction_server.model import LoadedBundle
+from prediction_server.service import PredictionService, StrictBatcher
 from prediction_server.settings import Settings
+from prediction_server.sync import BundleSync
 from prediction_server.testing import run_app
 
 PRED_FIELDS = {
@@ -120,6 +122,34 @@ def test_identical_numbers_on_every_endpoint_and_training_side(learned, xgb_dir)
         what = learned.post("/v1/whatif", json={"request": row, "grid": {}}).json()["points"][0]
         for got in (strict[i], bulk[i], one, what):
             assert got["ttft_ms"] == float(t_off[i]) and got["tpot_ms"] == float(p_off[i])
+
+
+def test_concurrent_strict_requests_share_one_model_call(xgb_dir):
+    """Coalescing (LATENCY_COALESCE_REQUESTS): requests waiting together are predicted in one
+    bundle.predict call, each answered exactly as if alone; a bad one still gets its own 422."""
+    import asyncio
+
+    settings = settings_for(xgb_dir)
+    service = PredictionService(settings)
+    assert BundleSync(settings, service).sync_once()["result"] == "updated"
+    batcher = StrictBatcher(service)
+    bodies = [json.dumps({"requests": trace_rows(k + 1, start=11 * k)}).encode() for k in range(5)]
+    bodies.insert(2, json.dumps({"requests": [dict(ROW, prefix_cache_score=2)]}).encode())
+
+    async def together():
+        return await asyncio.gather(*[batcher(b) for b in bodies])
+
+    results = asyncio.run(together())
+    assert batcher.flushes == 1
+    assert results[2][0] == 422
+    assert json.loads(results[2][1])["detail"][0]["loc"] == ["body", "requests", 0, "prefix_cache_score"]
+    for body, (status, payload) in zip(bodies[:2] + bodies[3:], results[:2] + results[3:]):
+        alone_status, alone = service.predict_strict(body)
+        got, want = json.loads(payload), json.loads(alone)
+        assert status == alone_status == 200 and got["total_requests"] == want["total_requests"]
+        for g, w in zip(got["predictions"], want["predictions"]):
+            assert {k: v for k, v in g.items() if k != "predicted_at"} == \
+                   {k: v for k, v in w.items() if k != "predicted_at"}
 
 
 def test_bulk_shape_with_per_row_errors(learned):
