@@ -241,7 +241,7 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
 
     post("/predict/bulk/strict", service.predict_strict, _doc(s["bulk_body"], s["strict_resp"], 503),
          "Predict TTFT/TPOT for a batch; any invalid row fails the call (the EPP hot path)",
-         async_handler=StrictBatcher(service) if settings.coalesce_requests else None)
+         async_handler=StrictBatcher(service))
     post("/predict/bulk", service.predict_bulk, _doc(s["bulk_body"], s["bulk_resp"], 503),
          "Predict a batch; invalid rows give null plus an entry in errors")
     post("/predict", service.predict_one, _doc(s["row"], s["pred"], 503), "Predict one row")

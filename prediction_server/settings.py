@@ -27,9 +27,6 @@ Environment variable                    Default                      Meaning
 ``LATENCY_ENABLE_BENCH_ROUTES``         ``false``                    ``POST /bench/noop`` (benchmark floor);
                                                                      never enable in production
 ``LATENCY_SYNC_TIMEOUT_SEC``            ``10``                       per-request timeout of bundle downloads
-``LATENCY_COALESCE_REQUESTS``           ``true``                     predict the rows of concurrent
-                                                                     ``/predict/bulk/strict`` requests in one
-                                                                     model call (same numbers, less CPU)
 ======================================  ===========================  ===========================================
 """
 from __future__ import annotations
@@ -140,7 +137,6 @@ class Settings:
     access_log: bool = False
     enable_bench_routes: bool = False
     sync_timeout_sec: float = 10.0
-    coalesce_requests: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -197,6 +193,5 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "access_log": ("LATENCY_ACCESS_LOG", _bool),
     "enable_bench_routes": ("LATENCY_ENABLE_BENCH_ROUTES", _bool),
     "sync_timeout_sec": ("LATENCY_SYNC_TIMEOUT_SEC", _float(0.0, 3600.0, open_lo=True)),
-    "coalesce_requests": ("LATENCY_COALESCE_REQUESTS", _bool),
 }
-_BOOLS = frozenset({"refuse_without_model", "access_log", "enable_bench_routes", "coalesce_requests"})
+_BOOLS = frozenset({"refuse_without_model", "access_log", "enable_bench_routes"})

@@ -125,7 +125,7 @@ def test_identical_numbers_on_every_endpoint_and_training_side(learned, xgb_dir)
 
 
 def test_concurrent_strict_requests_share_one_model_call(xgb_dir):
-    """Coalescing (LATENCY_COALESCE_REQUESTS): requests waiting together are predicted in one
+    """Coalescing on the strict hot path: requests waiting together are predicted in one
     bundle.predict call, each answered exactly as if alone; a bad one still gets its own 422."""
     import asyncio
 
