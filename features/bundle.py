@@ -163,7 +163,7 @@ def write_bundle(root: Path, manifest: dict, files: Mapping[str, bytes]) -> Path
     try:
         for name, data in files.items():
             _write_synced(tmp / name, data)
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode())
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:

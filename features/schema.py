@@ -216,14 +216,18 @@ def row_json_schema() -> dict:
     props: dict[str, Any] = {}
     for f in ROW_FIELDS:
         if f.kind == "pod_type":
-            props[f.name] = {"type": "string", "enum": list(POD_TYPE_NAMES), "default": "", "description": f.doc}
+            # null is accepted for every optional field and means "the default"
+            props[f.name] = {"type": ["string", "null"], "enum": [*POD_TYPE_NAMES, None], "default": "",
+                             "description": f.doc}
             continue
-        p: dict[str, Any] = {"type": "integer" if f.kind == "int" else "number", "minimum": f.lo, "description": f.doc}
+        kind = "integer" if f.kind == "int" else "number"
+        p: dict[str, Any] = {"type": kind if f.required else [kind, "null"], "minimum": f.lo, "description": f.doc}
         if f.hi is not None:
             p["maximum"] = f.hi
         if not f.required:
             p["default"] = 0
         props[f.name] = p
+    props["encoder_matched_size"]["description"] += " (a larger value is refused with 422)"
     return {
         "type": "object",
         "properties": props,
