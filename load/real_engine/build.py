@@ -75,6 +75,10 @@ def build_llama_server(cache: Path = DEFAULT_CACHE, version: str | None = None,
     if hit:
         _log(f"cached llama-server: {hit}")
         return hit
+    missing = [t for t in ("cmake", "c++") if shutil.which(t) is None]
+    if missing:
+        raise RuntimeError(f"building llama-server needs {' and '.join(missing)} on PATH "
+                           "(Debian: apt-get install cmake g++)")
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
         tmpd = Path(tmp)
