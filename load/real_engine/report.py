@@ -112,7 +112,10 @@ def write_report(out: Path, info: dict, records: dict, results: dict) -> Path:
         "all prompt tokens; prefix hit (gateway index) is the approximate index's block match for the "
         "chosen endpoint. Coverage is the share of requests whose measured value (at the gateway, "
         "from dispatch) is at most the p90 prediction made for the chosen endpoint; pinball is the "
-        "quantile-0.9 loss.",
+        "quantile-0.9 loss. Endpoint metrics come from llama-server's Prometheus text: "
+        "`llamacpp:requests_deferred` (waiting) and `llamacpp:requests_processing` (running); this build "
+        "exposes no KV-cache usage gauge, so `kv_cache_percentage` is 0 in every row and the KV scorer "
+        "ties.",
         "",
         table(s),
         "",
