@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-trace", default=None,
                    help="write the training entries that epp_client's producer emits during the run (llm-d "
                         "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
+    p.add_argument("--epp-config", default=None,
+                   help="EndpointPickerConfig YAML file for the predicted policies (default: llm-d's well-known "
+                        "predicted-latency-slo config)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -79,13 +82,22 @@ def main(argv: list[str] | None = None) -> int:
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
+        epp_config = None
+        if args.epp_config:
+            from epp_client.config import build_scheduler
+
+            try:
+                epp_config = Path(args.epp_config).read_text()
+            except OSError as e:
+                raise ValueError(f"--epp-config: {e}") from None
+            build_scheduler(epp_config)     # validate now: ConfigError names the bad key
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace)
+                            record_trace=trace, epp_config=epp_config)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}
@@ -102,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 wall[(label, pol)] = (time.monotonic() - t0, time.process_time() - c0)
                 results[label][pol] = m
                 raw[(label, pol)] = r
-                notes[pol] = getattr(router, "description", "") or (router.__doc__ or "").strip().split("\n")[0]
+                notes[pol] = getattr(router, "description", "") or " ".join(
+                    (router.__doc__ or "").strip().split("\n\n")[0].split())
                 bar.finish_run()
     finally:
         bar.close()

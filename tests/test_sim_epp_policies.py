@@ -68,6 +68,27 @@ def test_predicted_policy_learns_online_and_routes_with_predictions():
     assert m["served_version"] != "prior-default"
     assert m["first_learned_model_at_s"] is not None
     assert m["completed"] == m["requests"]
+    # in-loop accuracy of the predictions made for the chosen endpoints
+    assert m["ttft_pred_n"] == 400 and 0.0 <= m["ttft_pred_coverage"] <= 1.0 and m["ttft_pred_mape"] > 0
+    assert m["tpot_pred_n"] > 300
+
+
+def test_epp_config_option_runs_a_user_config_and_rejects_a_bad_one(tmp_path, capsys):
+    predicted_deps("training_server.worker")
+    from pathlib import Path
+
+    good = Path(__file__).resolve().parents[1] / "load" / "scenarios" / "predicted-most-headroom.yaml"
+    out = tmp_path / "o"
+    assert simulate_cli.main(["--scenario", "standard-small", "--limit", "120", "--policies", "predicted",
+                              "--load", "0.8", "--epp-config", str(good), "--out", str(out), "--no-plots",
+                              "--quiet"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["results"]["0.8"]["predicted"]["predictions"] == 120
+    assert "--epp-config" in (out / "report.md").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("headroomSelectionStrategy", "headroomStrategyTypo"))
+    assert simulate_cli.main(["--policies", "predicted", "--epp-config", str(bad)]) == 2
+    assert "headroomStrategyTypo" in capsys.readouterr().err
 
 
 def test_predicted_upstream_uses_the_upstream_recipe_and_is_deterministic():

@@ -23,6 +23,7 @@ class RunOptions:
     training_url: str | None = None
     retrain_interval_s: float = 60.0       # simulated seconds between retrains (in-process mode)
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
+    epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     extra: dict = field(default_factory=dict)
 
 

@@ -49,13 +49,39 @@ class InFlightTokenScorer:
 class _Sink:
     """Training-entry sink: forwards to the learner / reporter and optionally to a JSONL file."""
 
-    def __init__(self, downstream=None, record=None) -> None:
+    def __init__(self, downstream=None, record=None, quantile: float = 0.9) -> None:
         self.downstream = downstream
         self.record = record
         self.entries = 0
+        self.quantile = quantile
+        # in-loop accuracy of what was predicted for the chosen endpoint: n, covered, |err|/actual, pinball
+        self.acc = {"ttft": [0, 0, 0.0, 0.0], "tpot": [0, 0, 0.0, 0.0]}
+
+    def _score(self, e: dict) -> None:
+        q = self.quantile
+        for t in ("ttft", "tpot"):
+            y, p = e.get(f"actual_{t}_ms", 0) or 0, e.get(f"predicted_{t}_ms", 0) or 0
+            if y > 0 and p > 0:
+                a = self.acc[t]
+                a[0] += 1
+                a[1] += y <= p
+                a[2] += abs(p - y) / y
+                a[3] += q * (y - p) if y >= p else (1 - q) * (p - y)
+
+    def accuracy(self) -> dict:
+        out = {}
+        for t, (n, cov, ape, pin) in self.acc.items():
+            if n:
+                out[f"{t}_pred_n"] = n
+                out[f"{t}_pred_coverage"] = cov / n
+                out[f"{t}_pred_mape"] = ape / n
+                out[f"{t}_pred_pinball_ms"] = pin / n
+        return out
 
     def add(self, entries: list[dict]) -> None:
         self.entries += len(entries)
+        for e in entries:
+            self._score(e)
         if self.record is not None:
             for e in entries:
                 self.record.write(json.dumps(e, separators=(",", ":")) + "\n")
@@ -158,6 +184,8 @@ class EppRouter(BaseRouter):
             c = self.sched.producer.counters
             out.update({"predictions": c.get("predictions", 0), "prediction_failures": c.get("prediction_failures", 0),
                         "training_entries": self.sink.entries if self.sink is not None else 0})
+            if self.sink is not None:
+                out.update(self.sink.accuracy())
         if self.learner is not None:
             out.update(self.learner.stats())
         return out
@@ -218,15 +246,19 @@ def make(policy: str, opts, n_servers: int) -> EppRouter:
             predictor = learner.predictor
             sink = _Sink(learner, record)
 
+        config = opts.epp_config or PREDICTED_LATENCY_SLO_CONFIG
+
         def factory(rng, clock, wall):
-            return Scheduler.from_config(PREDICTED_LATENCY_SLO_CONFIG, predictor=predictor, sink=sink, rng=rng,
+            return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
                                          clock=clock, wall_clock=wall)
 
         where = "real prediction/training servers" if opts.predictor_url else \
             f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s"
         return EppRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=(
-            f"predicted latency, well-known config predicted-latency-slo (streaming producer, affinity filters, "
-            f"SLO tier filter, latency scorer, weighted-random picker); {recipe} recipe; {where}"))
+            ("predicted latency, well-known config predicted-latency-slo (streaming producer, affinity filters, "
+             "SLO tier filter, latency scorer, weighted-random picker)" if not opts.epp_config else
+             "predicted latency with a user EndpointPickerConfig (--epp-config)")
+            + f"; {recipe} recipe; {where}"))
     raise ValueError(f"unknown epp policy {policy!r}")
 
 
