@@ -83,7 +83,8 @@ class LeastQueueRouter(BaseRouter):
 
 
 class OracleRouter(BaseRouter):
-    """Upper bound: for each candidate, clone the true server state, add the request and
+    """Per-request oracle (the design's "upper bound"; myopic, so not a bound under overload):
+    for each candidate, clone the true server state, add the request and
     simulate forward (no later arrivals) until its first token plus ``decode_probe``
     decode steps; pick the endpoint with the smallest SLO-normalised latency
     max(TTFT/TTFT_SLO, TPOT/TPOT_SLO) (raw TTFT when the request has no SLO). Myopic: it
