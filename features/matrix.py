@@ -60,7 +60,7 @@ _ALL: dict[str, Feature] = {
     f.name: f
     for f in (
         Feature("kv_cache_percentage", _col(_KV), {"ttft": 1, "tpot": 1}),
-        Feature("input_token_length", _col(_IN), {"ttft": 0, "tpot": 0}),
+        Feature("input_token_length", _col(_IN), {"ttft": 1, "tpot": 0}),  # a longer prompt never prefills faster
         Feature("num_request_waiting", _col(_WAIT), {"ttft": 1, "tpot": 0}),
         Feature("num_request_running", _col(_RUN), {"ttft": 0, "tpot": 1}),
         Feature("is_queued", lambda r: (r[:, _WAIT] > 0).astype(np.float64), {"ttft": 1, "tpot": 0}),

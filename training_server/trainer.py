@@ -12,11 +12,13 @@ Zeros in a target mean "absent": those rows do not train that target. A target w
 than ``config.min_rows`` rows gets no model (E2E data: a TTFT model only, mode "e2e").
 
 Recipes:
-* ``"default"`` (ours): XGBoost/LightGBM on ``FEATURES`` (optionally with the monotone constraints of
-  ``features.matrix``, ``TrainConfig.monotone``), tuned for small data, plus split-conformal calibration: the model is
+* ``"default"`` (ours): XGBoost/LightGBM on ``FEATURES`` with the monotone constraints of
+  ``features.matrix`` (``TrainConfig.monotone``, on by default; XGBoost, or LightGBM with the mean
+  objective: LightGBM refuses them with the quantile objective), tuned for small data, plus
+  split-conformal calibration (:mod:`training_server.calibration`): the model is
   first fitted on ``1 - calibration_share`` of the rows, the additive offset (ms) that makes
-  coverage on the remaining rows equal the quantile is computed (globally and per load
-  regime with enough rows), then, for small data (< ``refit_below`` rows), the model is
+  (sample-weighted) coverage on the remaining rows equal the quantile is computed (globally and
+  per load regime with enough rows, made monotone across regimes), then, for small data (< ``refit_below`` rows), the model is
   refitted on all rows and the offset kept.
 * ``"upstream"``: the llm-d reference recipe of evaluation.md §1 (exact hyper-parameters,
   ``UPSTREAM_FEATURES``, no constraints, no calibration), for comparisons.
@@ -37,6 +39,8 @@ from features.matrix import FEATURE_SETS, REGIME_NAMES, TARGETS, model_matrix, m
 from features.prior import DEFAULT_PRIOR, PRIOR_FEATURES
 from features.schema import SCHEMA_VERSION
 
+from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
+
 RECIPES = ("default", "upstream")
 FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-text")}
 
@@ -44,16 +48,17 @@ FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-tex
 UPSTREAM_XGB = {"n_estimators": 200, "max_depth": 6, "learning_rate": 0.05, "subsample": 0.8,
                 "colsample_bytree": 0.8, "min_child_weight": 5, "gamma": 0.2, "reg_alpha": 0.01,
                 "reg_lambda": 0.1, "tree_method": "hist"}
-#: Our default recipe: the reference's regularisation with slightly shallower trees (small,
-#: noisy latency data); the gain over the reference comes from calibration and features.
-DEFAULT_XGB = {"n_estimators": 200, "max_depth": 4, "learning_rate": 0.05, "subsample": 0.8,
+#: Our default recipe: the reference's regularisation with shallower trees (small, noisy
+#: latency data), monotone constraints, and the pinball objective of _pinball_objective
+#: (whose leaves step by a fraction of the residuals: a higher learning rate and more
+#: rounds than the reference; lr 0.1 x 400 was the best of lr 0.05-0.15 x 200-400 on the
+#: simulator traces, 5 seeds); the gain over the reference comes from calibration.
+DEFAULT_XGB = {"n_estimators": 400, "max_depth": 4, "learning_rate": 0.1, "subsample": 0.8,
                "colsample_bytree": 0.8, "min_child_weight": 5, "gamma": 0.2, "reg_alpha": 0.01,
                "reg_lambda": 0.1, "tree_method": "hist", "max_bin": 256}
 DEFAULT_LGB = {"n_estimators": 250, "num_leaves": 31, "max_depth": 6, "learning_rate": 0.05,
                "bagging_fraction": 0.8, "bagging_freq": 1, "feature_fraction": 0.9, "min_data_in_leaf": 10,
                "lambda_l2": 1.0}
-#: A regime gets its own calibration offset only with at least this many calibration rows.
-MIN_REGIME_CAL_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -72,10 +77,11 @@ class TrainConfig:
     #: the non-calibration rows is shipped as is (half the training time, exact calibration)
     refit_below: int = 20_000
     params: Mapping[str, Any] | None = None  # hyper-parameter overrides (library names)
-    #: monotone constraints from features.matrix (default recipe, XGBoost or mean objective).
-    #: Off by default: on sharegpt-h200 they raised TTFT pinball by ~30% (cold-start rows
-    #: with high TTFT at zero load violate them).
-    monotone: bool = False
+    #: monotone constraints from features.matrix (default recipe, XGBoost or mean objective):
+    #: routing must never prefer an endpoint because it is busier. Their price on the
+    #: random-split protocol: on sharegpt-h200 TTFT pinball rises ~35% (the KV constraint
+    #: forbids memorising stall bursts by their exact KV value); neutral on simulator traces.
+    monotone: bool = True
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
@@ -162,13 +168,39 @@ def _xgb_params(cfg: TrainConfig, names: tuple[str, ...], target: str) -> tuple[
     base.update(cfg.params or {})
     rounds = int(base.pop("n_estimators"))
     params: dict[str, Any] = {**base, "nthread": cfg.nthread, "seed": cfg.seed, "verbosity": 0}
-    if cfg.objective == "quantile":
+    if cfg.objective == "quantile" and not _constrained_quantile(cfg):
         params.update(objective="reg:quantileerror", quantile_alpha=cfg.quantile)
-    else:
+    else:  # the mean, or the quantile through _pinball_objective (identity link either way)
         params.update(objective="reg:squarederror")
     if cfg.recipe == "default" and cfg.monotone:
         params["monotone_constraints"] = "(" + ",".join(str(c) for c in monotone_constraints(target, names)) + ")"
     return params, rounds
+
+
+def _constrained_quantile(cfg: TrainConfig) -> bool:
+    """XGBoost's reg:quantileerror re-fits leaf values after each tree (adaptive leaves) and so
+    breaks monotone constraints (seen: -26% along the queue); a quantile model with
+    constraints uses :func:`_pinball_objective` instead, whose Newton leaves respect them."""
+    return cfg.model_type == "xgboost" and cfg.objective == "quantile" and cfg.recipe == "default" and cfg.monotone
+
+
+def _pinball_objective(quantile: float, delta: float, weights: np.ndarray | None):
+    """Pinball loss as a custom XGBoost objective: its gradient, and the curvature of the
+    iteratively re-weighted least-squares view of quantile regression (weight q or 1-q over
+    max(|residual|, delta)), so a leaf steps by about a quantile of its residuals. Gradient and
+    hessian are rescaled together to mean hessian 1 (the Newton step is unchanged and
+    ``min_child_weight`` keeps counting rows)."""
+    def objective(pred: np.ndarray, dtrain) -> tuple[np.ndarray, np.ndarray]:
+        r = dtrain.get_label() - pred
+        wq = np.where(r > 0, quantile, 1.0 - quantile)
+        g = -wq * np.sign(r)
+        h = wq / np.maximum(np.abs(r), delta)
+        if weights is not None:
+            g, h = g * weights, h * weights
+        c = 1.0 / max(float(h.mean()), 1e-300)
+        return g * c, h * c
+
+    return objective
 
 
 def _lgb_params(cfg: TrainConfig, names: tuple[str, ...], target: str) -> tuple[dict, int]:
@@ -203,7 +235,12 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
 
         params, rounds = _xgb_params(cfg, names, target)
         dtrain = xgb.DMatrix(x, label=y, weight=w, feature_names=list(names), nthread=cfg.nthread)
-        booster = xgb.train(params, dtrain, num_boost_round=rounds, callbacks=[_Stop()] if stop else None)
+        obj = None
+        if _constrained_quantile(cfg):
+            params["base_score"] = float(np.quantile(y, cfg.quantile))
+            obj = _pinball_objective(cfg.quantile, max(1e-3 * float(np.median(np.abs(y))), 1e-9), w)
+        booster = xgb.train(params, dtrain, num_boost_round=rounds, obj=obj,
+                            callbacks=[_Stop()] if stop else None)
         if stop and stop():
             raise TrainingStopped("training stopped")
         raw = bytes(booster.save_raw("ubj"))
@@ -219,17 +256,6 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
     booster = lgb.train(params, ds, num_boost_round=rounds, callbacks=[_check] if stop else None)
     text = booster.model_to_string().encode("utf-8")
     return text, lambda m: np.asarray(booster.predict(m, num_threads=cfg.nthread), dtype=np.float64).reshape(-1)
-
-
-def conformal_offset(residuals: np.ndarray, quantile: float) -> float:
-    """Additive offset o such that the share of residuals (y - pred) <= o is ``quantile``
-    (finite-sample split-conformal level ceil((n+1)q)/n, capped at the maximum)."""
-    r = np.sort(np.asarray(residuals, dtype=np.float64))
-    n = r.size
-    if n == 0:
-        return 0.0
-    k = min(n, int(math.ceil((n + 1) * quantile)))
-    return float(r[k - 1])
 
 
 def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 20_000,
@@ -313,14 +339,8 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
             cal = _deterministic_split(n, config.calibration_share, config.seed + 7919 * ti)
             fitted, predict = _fit(config, x[~cal], y[~cal], None if w is None else w[~cal], names, target, stop)
             resid = y[cal] - predict(x[cal])
-            spec: dict[str, Any] = {"offset_ms": conformal_offset(resid, config.quantile), "scale": 1.0,
-                                    "n_calibration": int(cal.sum())}
-            reg = regimes(r[cal])
-            by = {name: {"offset_ms": conformal_offset(resid[reg == i], config.quantile), "scale": 1.0}
-                  for i, name in enumerate(REGIME_NAMES) if (reg == i).sum() >= MIN_REGIME_CAL_ROWS}
-            if len(by) > 1:
-                spec["by_regime"] = by
-            calibration[target] = spec
+            calibration[target] = conformal_spec(target, resid, regimes(r[cal]), config.quantile,
+                                                 weights=None if w is None else w[cal])
         if do_cal and n >= config.refit_below:
             models[target] = fitted  # plenty of rows: the calibrated model itself, no second fit
         else:

@@ -1,0 +1,122 @@
+"""Calibration of quantile models: split-conformal at training time, live recalibration after.
+
+A calibration spec (per target, carried in the bundle manifest under ``calibration`` and
+applied by :class:`prediction_server.model.LoadedBundle`) maps a raw model output ``y`` to
+``y * scale + offset_ms``, optionally per load regime (``by_regime``: queue empty/queued ×
+KV below/above 80%, :data:`features.matrix.REGIME_NAMES`); a regime without its own entry
+uses the global values.
+
+* :func:`conformal_spec`: from held-out residuals of a model fitted without the calibration
+  rows, the additive offset that makes coverage equal the quantile (finite-sample level),
+  globally and per regime with enough rows. Per-regime values are then made *monotone* in
+  the regime lattice along the directions the target's physics constrains (TTFT: queued >=
+  idle and high KV >= low KV; TPOT: high KV >= low KV), so crossing a regime boundary never
+  lowers a prediction (routing must never prefer a busier endpoint).
+* :func:`recalibrate`: online adaptive correction. From live (actual, predicted) pairs of
+  the served bundle, the multiplicative factor ``s`` that makes live coverage equal the
+  quantile; the new spec is ``s`` × the old one (scale and offsets alike, so the map stays
+  increasing and monotone across regimes). A step change in server speed (all latencies
+  ×1.5) is corrected by one factor, without retraining.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from features.matrix import REGIME_NAMES
+
+#: A regime gets its own calibration offset only with at least this many calibration rows.
+MIN_REGIME_CAL_ROWS = 100
+#: regime index pairs (lower, higher) that must keep lower <= higher, per target
+#: (index = queued + 2 * high_kv, see features.matrix.regimes)
+_ORDER = {
+    "ttft": ((0, 1), (2, 3), (0, 2), (1, 3)),  # queued >= idle; high KV >= low KV
+    "tpot": ((0, 2), (1, 3)),                    # high KV >= low KV
+}
+#: bounds of one live recalibration factor (a wild factor means something else broke)
+MIN_FACTOR, MAX_FACTOR = 0.5, 3.0
+
+
+def conformal_offset(residuals: np.ndarray, quantile: float, weights: np.ndarray | None = None) -> float:
+    """Additive offset o such that the share of residuals (y - pred) <= o is ``quantile``
+    (finite-sample split-conformal level ceil((n+1)q)/n, capped at the maximum). With
+    ``weights`` (e.g. recency), the share is weighted and the level is q (n+1)/n."""
+    r = np.asarray(residuals, dtype=np.float64)
+    n = r.size
+    if n == 0:
+        return 0.0
+    if weights is None:
+        r = np.sort(r)
+        k = min(n, int(math.ceil((n + 1) * quantile)))
+        return float(r[k - 1])
+    order = np.argsort(r, kind="stable")
+    cw = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    level = min(1.0, quantile * (n + 1) / n) * cw[-1]
+    return float(r[order][min(n - 1, int(np.searchsorted(cw, level * (1 - 1e-12))))])
+
+
+def monotone_regimes(target: str, values: Mapping[str, float], default: float) -> dict[str, float]:
+    """Raise per-regime values so they never decrease along the target's constrained
+    directions (missing regimes use ``default``); returns a value for every regime."""
+    v = [float(values.get(name, default)) for name in REGIME_NAMES]
+    for _ in range(2):  # two passes settle the 2x2 lattice
+        for lo, hi in _ORDER[target]:
+            v[hi] = max(v[hi], v[lo])
+    return dict(zip(REGIME_NAMES, v))
+
+
+def conformal_spec(target: str, residuals: np.ndarray, regime: np.ndarray, quantile: float,
+                   min_regime_rows: int = MIN_REGIME_CAL_ROWS, weights: np.ndarray | None = None) -> dict[str, Any]:
+    """Calibration spec from held-out residuals (actual - raw prediction), their regimes and
+    optional sample weights."""
+    residuals = np.asarray(residuals, dtype=np.float64)
+    regime = np.asarray(regime)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    glob = conformal_offset(residuals, quantile, w)
+    spec: dict[str, Any] = {"offset_ms": glob, "scale": 1.0, "n_calibration": int(residuals.size)}
+    own = {name: conformal_offset(residuals[regime == i], quantile, None if w is None else w[regime == i])
+           for i, name in enumerate(REGIME_NAMES) if (regime == i).sum() >= min_regime_rows}
+    if len(own) > 1:  # a single regime with its own offset is the global one, near enough
+        spec["by_regime"] = {name: {"offset_ms": off, "scale": 1.0}
+                             for name, off in monotone_regimes(target, own, glob).items()}
+    return spec
+
+
+def recalibration_factor(actual: np.ndarray, predicted: np.ndarray, quantile: float) -> float:
+    """Factor s (clipped to [MIN_FACTOR, MAX_FACTOR]) such that the share of actual <= s * predicted
+    is ``quantile`` on the given live pairs (predicted > 0)."""
+    a = np.asarray(actual, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    m = (p > 0) & (a > 0)
+    if not m.any():
+        return 1.0
+    s = conformal_offset(a[m] / p[m], quantile)
+    return float(min(MAX_FACTOR, max(MIN_FACTOR, s)))
+
+
+def scale_spec(spec: Mapping | None, factor: float) -> dict[str, Any]:
+    """``factor`` × the calibration map (scale and offsets, globally and per regime)."""
+    spec = dict(spec or {"offset_ms": 0.0, "scale": 1.0})
+    out: dict[str, Any] = {**spec, "offset_ms": float(spec.get("offset_ms", 0.0)) * factor,
+                           "scale": float(spec.get("scale", 1.0)) * factor}
+    by = spec.get("by_regime")
+    if by:
+        out["by_regime"] = {name: {"offset_ms": float(r.get("offset_ms", spec.get("offset_ms", 0.0))) * factor,
+                                   "scale": float(r.get("scale", spec.get("scale", 1.0))) * factor}
+                            for name, r in by.items()}
+    out["live_factor"] = float(spec.get("live_factor", 1.0)) * factor
+    return out
+
+
+def recalibrate(calibration: Mapping[str, Mapping], live: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                quantile: float) -> tuple[dict[str, dict], dict[str, float]]:
+    """New calibration for every target with live pairs: (specs, factors applied)."""
+    new = {t: dict(c) for t, c in calibration.items()}
+    factors: dict[str, float] = {}
+    for t, (actual, predicted) in live.items():
+        f = recalibration_factor(actual, predicted, quantile)
+        factors[t] = f
+        new[t] = scale_spec(calibration.get(t), f)
+    return new, factors
