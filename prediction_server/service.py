@@ -357,6 +357,7 @@ class StrictBatcher:
     def __init__(self, service: PredictionService) -> None:
         self.service = service
         self._pending: list[tuple[np.ndarray, Any, float]] = []
+        self._loop: Any = None
         self.flushes = 0  # batches predicted (observability, tests)
 
     async def __call__(self, body: bytes) -> tuple[int, bytes]:
@@ -368,6 +369,8 @@ class StrictBatcher:
             svc.metrics.count(self.ENDPOINT, e.status)
             return e.status, e.body()
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (a loop that stopped with requests pending leaves none behind)
+            self._loop, self._pending = loop, []
         fut = loop.create_future()
         self._pending.append((raw, fut, t0))
         if len(self._pending) == 1:

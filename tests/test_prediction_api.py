@@ -141,6 +141,13 @@ def test_concurrent_strict_requests_share_one_model_call(xgb_dir):
 
     results = asyncio.run(together())
     assert batcher.flushes == 1
+    # a loop that stopped before flushing leaves nothing behind for the next loop
+    batcher._pending.append(("stale", None, 0.0))
+    async def bounded():
+        return await asyncio.wait_for(together(), 10)
+
+    again = asyncio.run(bounded())
+    assert batcher.flushes == 2 and [r[0] for r in again] == [r[0] for r in results]
     assert results[2][0] == 422
     assert json.loads(results[2][1])["detail"][0]["loc"] == ["body", "requests", 0, "prefix_cache_score"]
     for body, (status, payload) in zip(bodies[:2] + bodies[3:], results[:2] + results[3:]):
