@@ -32,6 +32,7 @@ Environment variable                    Default                      Meaning
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
@@ -140,9 +141,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
-        """Read settings from ``environ`` (default: none, i.e. all defaults), then apply
-        ``overrides`` (attribute names; ``None`` means "not given"). Validates everything."""
-        environ = {} if environ is None else environ
+        """Read settings from ``environ`` (default ``os.environ``), then apply ``overrides``
+        (attribute names; ``None`` means "not given"). Validates everything."""
+        environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for attr, (env, parse) in _ENV.items():
             if overrides.get(attr) is not None:
