@@ -11,7 +11,7 @@ from epp_client.gateway.core import Gateway
 from epp_client.gateway.settings import GatewaySettings
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 from load.real_engine.gateway_policy import build_router
-from load.real_engine.harness import accuracy, drive, fetch_records, pinball, summarize
+from load.real_engine.harness import Result, accuracy, drive, fetch_records, pinball, pool_rounds, summarize
 from load.real_engine.report import write_report
 from load.real_engine.workload import make_workload, prompt_for
 
@@ -77,3 +77,24 @@ def test_drive_summarize_and_report_through_the_gateway(engines, tmp_path):
     text = path.read_text()
     assert "| llmd-token-load | 8 (8) |" in text
     assert (tmp_path / "policies.png").stat().st_size > 1000 and (tmp_path / "predictions.png").exists()
+
+
+def test_rounds_are_pooled_per_policy():
+    wl = make_workload(n_conversations=1)
+
+    def res(ttft):
+        return Result("p", 0, 0, 200, True, ttft_ms=ttft, tpot_ms=10.0, e2e_ms=ttft + 100, tokens=11)
+
+    def rec(ttft):
+        return {"ok": True, "ttft_ms": ttft, "predicted_ttft_ms": 150.0, "tpot_ms": 10.0, "predicted_tpot_ms": 12.0,
+                "model_version": "v1", "prefix_match_blocks": 1, "prefix_total_blocks": 2, "fallback": False}
+
+    results = {"a #1": [res(100.0)], "b #1": [res(5000.0)], "b #2": [res(5000.0)], "a #2": [res(300.0)]}
+    records = {k: [rec(r[0].ttft_ms)] for k, r in results.items()}
+    summaries = {k: {**summarize(k.split()[0], results[k], records[k], wl, 10.0), "engine_speed": [{}],
+                     "loadavg_1m": [1.0, 2.0], "data_status": {"stored_rows": i}} for i, k in enumerate(results)}
+    pooled, pooled_recs = pool_rounds(["a", "b"], summaries, records, results, wl)
+    assert set(pooled) == {"a", "b"} and pooled["a"]["requests"] == 2 and pooled["a"]["wall_s"] == 20.0
+    assert pooled["a"]["ttft_p50_ms"] == pytest.approx(200.0)
+    assert pooled["a"]["ttft_all_coverage"] == 0.5 and len(pooled_recs["b"]) == 2
+    assert pooled["a"]["data_status"] == {"stored_rows": 3}  # the policy's last phase

@@ -264,6 +264,7 @@ class Options:
     system_words: int = 160
     ttft_slo_ms: float = 2000.0
     tpot_slo_ms: float = 120.0
+    rounds: int = 1
 
 
 def engine_speed(metrics_text: str) -> dict:
@@ -287,6 +288,22 @@ def fetch_records(gw_url: str) -> list[dict]:
     return httpx.get(gw_url + "/gateway/requests", timeout=10).json()["records"]
 
 
+def pool_rounds(policies, summaries, records, results, wl) -> tuple[dict, dict]:
+    """Per policy, one summary over all its rounds (phase keys ``"<policy> #<round>"``);
+    alternating the order of the rounds evens out drift in the machine's load."""
+    pooled, pooled_records = {}, {}
+    for policy in policies:
+        keys = [k for k in summaries if k.startswith(policy + " #")]
+        recs = [r for k in keys for r in records[k]]
+        agg = summarize(policy, [r for k in keys for r in results[k]], recs, wl,
+                        sum(summaries[k]["wall_s"] for k in keys))
+        agg["engine_speed"] = [e for k in keys for e in summaries[k].get("engine_speed", [])]
+        agg["loadavg_1m"] = [x for k in keys for x in summaries[k].get("loadavg_1m", [])]
+        agg["data_status"] = summaries[keys[-1]].get("data_status")
+        pooled[policy], pooled_records[policy] = agg, recs
+    return pooled, pooled_records
+
+
 def _terminate(signum, frame):  # SIGTERM: unwind so every child process is stopped
     raise SystemExit(128 + signum)
 
@@ -305,6 +322,7 @@ def run(opts: Options) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="real-engine-data-"))
     procs: list[Proc] = []
     summaries: dict[str, dict] = {}
+    raw_results: dict[str, list[Result]] = {}
     all_records: dict[str, list[dict]] = {}
     all_results: dict[str, list[dict]] = {}
     py = sys.executable
@@ -322,12 +340,16 @@ def run(opts: Options) -> dict:
         procs.append(pred)
         pred.wait_http(f"http://127.0.0.1:{pport}/healthz")
         training_url, prediction_url = f"http://127.0.0.1:{tport}", f"http://127.0.0.1:{pport}"
-        for policy in opts.policies:
-            _log(f"policy {policy}: starting two llama-servers (cold caches)")
+        phases = [(p, k) for k in range(opts.rounds)
+                  for p in (opts.policies if k % 2 == 0 else list(reversed(opts.policies)))]
+        for policy, k in phases:
+            key = policy if opts.rounds == 1 else f"{policy} #{k + 1}"
+            tag = key.replace(" #", "-r")
+            _log(f"phase {key}: starting two llama-servers (cold caches)")
             engines = []
             for i in range(2):
                 port = free_port()
-                e = Proc(f"{policy}-engine{i}", [str(binary), "-m", str(model), "--host", "127.0.0.1",
+                e = Proc(f"{tag}-engine{i}", [str(binary), "-m", str(model), "--host", "127.0.0.1",
                                                   "--port", str(port), "-np", str(opts.slots),
                                                   "-t", str(opts.engine_threads), "-tb", str(opts.engine_threads),
                                                   "--metrics", "-c", str(opts.ctx), "--no-webui"], logs)
@@ -336,14 +358,14 @@ def run(opts: Options) -> dict:
             for e, u in engines:
                 e.wait_http(u + "/health", 180)
             gport = free_port()
-            gw = Proc(f"{policy}-gateway", [py, "-m", "load.real_engine.gateway_policy", "--policy", policy,
+            gw = Proc(f"{tag}-gateway", [py, "-m", "load.real_engine.gateway_policy", "--policy", policy,
                                              "--endpoints", ",".join(u for _, u in engines), "--port", str(gport),
                                              "--prediction-urls", prediction_url, "--training-url", training_url],
                       logs, env)
             procs.append(gw)
             gw_url = f"http://127.0.0.1:{gport}"
             gw.wait_http(gw_url + "/healthz")
-            _log(f"policy {policy}: {wl.requests} requests, {wl.concurrency} concurrent conversations")
+            _log(f"phase {key}: {wl.requests} requests, {wl.concurrency} concurrent conversations")
             t0 = time.monotonic()
             load_before = os.getloadavg()[0]
             results = asyncio.run(drive(gw_url, wl, policy, opts.max_seconds_per_policy))
@@ -351,12 +373,12 @@ def run(opts: Options) -> dict:
             load_after = os.getloadavg()[0]
             time.sleep(1.5)  # let the reporter flush the last samples
             records = fetch_records(gw_url)
-            (opts.out / f"gateway-metrics-{policy}.txt").write_text(httpx.get(gw_url + "/metrics").text)
+            (opts.out / f"gateway-metrics-{tag}.txt").write_text(httpx.get(gw_url + "/metrics").text)
             speeds = []
             for e, u in engines:
                 try:
                     text = httpx.get(u + "/metrics").text
-                    (opts.out / f"engine-metrics-{policy}-{e.name[-1]}.txt").write_text(text)
+                    (opts.out / f"engine-metrics-{tag}-{e.name[-1]}.txt").write_text(text)
                     speeds.append(engine_speed(text))
                 except httpx.HTTPError:
                     pass
@@ -367,25 +389,29 @@ def run(opts: Options) -> dict:
             s["data_status"] = httpx.get(training_url + "/data/status", timeout=10).json()
             s["engine_speed"] = speeds
             s["loadavg_1m"] = [round(load_before, 2), round(load_after, 2)]
-            summaries[policy] = s
-            all_records[policy] = records
-            all_results[policy] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in results]
-            _log(f"policy {policy}: done in {wall:.0f} s: TTFT p50 {s['ttft_p50_ms']}, SLO {s['slo_attainment']}")
+            summaries[key] = s
+            all_records[key] = records
+            all_results[key] = [{f: v for f, v in asdict(r).items() if f != "text"} for r in results]
+            raw_results[key] = results
+            _log(f"phase {key}: done in {wall:.0f} s: TTFT p50 {s['ttft_p50_ms']}, SLO {s['slo_attainment']}")
     finally:
         for p in reversed(procs):
             p.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+    per_policy, per_policy_records = summaries, all_records
+    if opts.rounds > 1:
+        per_policy, per_policy_records = pool_rounds(opts.policies, summaries, all_records, raw_results, wl)
     run_info = {"workload": {"conversations": opts.conversations, "turns": opts.turns,
                              "concurrency": opts.concurrency, "ttft_slo_ms": wl.ttft_slo_ms,
                              "tpot_slo_ms": wl.tpot_slo_ms, "requests": wl.requests, "seed": opts.seed},
                 "engine": {"binary": str(binary), "model": model.name, "slots": opts.slots,
                            "threads": opts.engine_threads, "ctx": opts.ctx},
-                "summaries": summaries}
+                "rounds": opts.rounds, "summaries": per_policy, "phases": summaries}
     (opts.out / "summary.json").write_text(json.dumps(run_info, indent=2, default=str))
     (opts.out / "records.json").write_text(json.dumps({"gateway": all_records, "client": all_results}, default=str))
     from .report import write_report
 
-    write_report(opts.out, run_info, all_records, all_results)
+    write_report(opts.out, run_info, per_policy_records, all_results)
     return run_info
 
 
@@ -402,12 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds-per-policy", type=float, default=240.0)
     ap.add_argument("--ctx", type=int, default=16384, help="llama-server context (shared by its slots)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the policy list this many times, alternating its order; the report pools the rounds")
     a = ap.parse_args(argv)
     policies = [p for p in a.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"--policies: unknown {bad} (known: {', '.join(POLICIES)})")
     run(Options(a.out, policies, a.conversations, a.turns, a.concurrency, a.max_seconds_per_policy, a.ctx, a.seed,
-                system_words=a.system_words, ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms))
+                system_words=a.system_words, ttft_slo_ms=a.ttft_slo_ms, tpot_slo_ms=a.tpot_slo_ms,
+                rounds=max(1, a.rounds)))
     print(a.out / "report.md")
     return 0

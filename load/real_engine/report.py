@@ -95,6 +95,8 @@ def plots(out: Path, summaries: dict, records: dict) -> list[str]:
 
 def write_report(out: Path, info: dict, records: dict, results: dict) -> Path:
     s = info["summaries"]
+    ph = info.get("phases") or s  # in time order
+    rounds = info.get("rounds", 1)
     wl, eng = info["workload"], info["engine"]
     imgs = plots(out, s, records)
     lines = [
@@ -117,26 +119,30 @@ def write_report(out: Path, info: dict, records: dict, results: dict) -> Path:
         "exposes no KV-cache usage gauge, so `kv_cache_percentage` is 0 in every row and the KV scorer "
         "ties.",
         "",
+        (f"Each policy ran {rounds} times, in alternating order (ABC, CBA, ...); the table pools its rounds, "
+         "the next one lists every phase in time order." if rounds > 1 else ""),
+        "",
         table(s),
         "",
-        "## Prediction accuracy by model (prior = built-in prior before any learned bundle)",
+        *(["## Every phase, in time order", "", table(ph), ""] if rounds > 1 else []),
+        "## Prediction accuracy by phase and model (prior = built-in prior before any learned bundle)",
         "",
-        accuracy_table(s),
+        accuracy_table(ph),
         "",
         "Model versions that predicted, per phase: " + "; ".join(
-            f"{p}: {', '.join(v['model_versions']) or '–'}" for p, v in s.items()),
+            f"{p}: {', '.join(v['model_versions']) or '–'}" for p, v in ph.items()),
         "",
         "Training server at the end of each phase (stored rows; rows per target; served model): " + "; ".join(
             f"{p}: {v['data_status'].get('stored_rows')}; {v['data_status'].get('rows_with_target')}; "
             f"{v['data_status'].get('served_version')} ({v['data_status'].get('model_source')})"
-            for p, v in s.items() if isinstance(v.get('data_status'), dict)),
+            for p, v in ph.items() if isinstance(v.get('data_status'), dict)),
         "",
         "Engine speed over each phase (llama-server counters; prefill tokens/s, decode ms/token, per "
         "engine) and the machine's 1-minute load average before/after the phase (2 cores, shared with "
         "the gateway, the prediction and training servers, and anything else running): " + "; ".join(
             f"{p}: " + ", ".join(f"{_f(e.get('prefill_tok_per_s'))} tok/s, {_f(e.get('decode_ms_per_token'))} ms/tok"
                                  for e in v.get("engine_speed", [])) + f", load {v.get('loadavg_1m')}"
-            for p, v in s.items()),
+            for p, v in ph.items()),
         "",
         *[f"![{i}]({i})" for i in imgs],
         "",
