@@ -77,6 +77,14 @@ class TrainingMetrics:
         return [t for t, s in self.live_scores().items()
                 if s["n"] >= min_n and abs(s["coverage"] - 100.0 * self.quantile) > tolerance]
 
+    def recent_live(self, target: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(actual, predicted) arrays of the last ``n`` live pairs of ``target``."""
+        with self._live_lock:
+            d = self._live[target]
+            items = list(d)[-n:] if n < len(d) else list(d)
+        a = np.array(items, dtype=np.float64).reshape(-1, 2)
+        return a[:, 0], a[:, 1]
+
     def reset_live(self) -> None:
         with self._live_lock:
             for d in self._live.values():

@@ -14,6 +14,16 @@ the served prior), so no target ever regresses beyond the tolerance. Failures ar
 The stop flag is checked between phases and after every boosting round, so shutdown waits
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
+
+Online adaptive correction (:meth:`RetrainWorker.recalibrate`): every cycle, the last
+``RECAL_WINDOW`` live (actual, predicted) pairs per target of the served learned bundle are
+checked; when their coverage is more than ``RECAL_TOLERANCE`` points off the quantile (over at
+least ``RECAL_MIN_PAIRS`` pairs), the same models are republished at once with their
+calibration multiplied by the factor that makes those pairs cover the quantile
+(:func:`training_server.calibration.recalibrate`): no training, a new version the prediction
+servers pick up at their next poll. The drift also marks the rows from then on as recent: the
+following retrains run at the lowered threshold and weight those rows ``RECENT_WEIGHT`` x
+(sampling and conformal calibration alike), until ``RECENT_ROWS`` rows have arrived since.
 """
 from __future__ import annotations
 
@@ -23,12 +33,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import trainer
+import numpy as np
+
+from . import calibration, trainer
 from .metrics import TrainingMetrics
 from .registry import Registry
 from .store import SampleStore
 
 log = logging.getLogger("training_server.worker")
+
+#: live pairs per target examined for recalibration (the most recent ones)
+RECAL_WINDOW = 250
+#: fewer live pairs of the served bundle than this: no recalibration yet
+RECAL_MIN_PAIRS = 200
+#: live coverage this many points off the quantile triggers a recalibration
+RECAL_TOLERANCE = 4.0
+#: sample weight of rows stored after a detected drift, and how long rows count as recent
+RECENT_WEIGHT = 4.0
+RECENT_ROWS = 20_000
 
 
 class _Stopped(Exception):
@@ -99,6 +121,9 @@ class RetrainWorker:
         self.last: CycleReport | None = None
         #: test hook: called between phases with the phase name (failure injection)
         self.on_phase: Callable[[str], None] | None = None
+        #: first store row id after the last detected drift (None: no recent drift)
+        self.drift_from_id: int | None = None
+        self.recalibrations = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -139,11 +164,61 @@ class RetrainWorker:
         drift = self.metrics.drifting() if self.registry.is_learned else []
         if drift:
             return max(1, self.min_new // 4), f"live drift on {', '.join(drift)}"
+        if self.drift_from_id is not None:
+            return max(1, self.min_new // 4), "recent drift (live recalibration)"
         return self.min_new, ""
+
+    def recalibrate(self) -> CycleReport | None:
+        """Republish the served models with live-corrected calibration when the recent live
+        coverage of a target is off the quantile; None when nothing was done."""
+        served = self.registry.served
+        if served.source != "learned":
+            return None
+        q = served.quantile
+        live: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for t in served.manifest["models"]:
+            actual, predicted = self.metrics.recent_live(t, RECAL_WINDOW)
+            if len(actual) >= RECAL_MIN_PAIRS:
+                cov = float(np.mean(actual <= predicted) * 100.0)
+                if abs(cov - 100.0 * q) > RECAL_TOLERANCE:
+                    live[t] = (actual, predicted)
+        if not live:
+            return None
+        cal = {t: dict(c) for t, c in (served.manifest.get("calibration") or {}).items()}
+        new_cal, factors = calibration.recalibrate(cal, live, q)
+        manifest = dict(served.manifest)
+        manifest["calibration"] = new_cal
+        manifest["recalibrated"] = {"from": served.version, "factors": factors,
+                                    "live_pairs": {t: int(len(a)) for t, (a, _) in live.items()}}
+        bundle = self.registry.publish(manifest, self.registry.served_files())
+        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self.recalibrations += 1
+        last = self.store.last_id
+        self.drift_from_id = max(0, last - 2 * RECAL_WINDOW) if self.drift_from_id is None else self.drift_from_id
+        reason = ", ".join(f"{t} x{f:.3f}" for t, f in factors.items())
+        log.info("live recalibration %s -> %s: %s", served.version, bundle.version, reason)
+        return CycleReport("recalibrated", reason, version=bundle.version)
+
+    def _recency_weights(self, ids: np.ndarray) -> np.ndarray | None:
+        d = self.drift_from_id
+        if d is None:
+            return None
+        if self.store.last_id - d > RECENT_ROWS:
+            self.drift_from_id = None  # the drifted regime is now most of the data
+            return None
+        return np.where(np.asarray(ids) > d, RECENT_WEIGHT, 1.0)
 
     def run_once(self) -> CycleReport:
         """One check-and-maybe-retrain cycle; never raises."""
         t0 = time.perf_counter()
+        try:
+            recal = self.recalibrate()
+        except Exception as e:  # never let the correction kill the loop
+            self.failures += 1
+            log.exception("live recalibration failed")
+            recal = CycleReport("failed", f"recalibration: {type(e).__name__}: {e}")
+        if recal is not None:
+            self.last = recal
         need, why = self.threshold()
         if self.new_samples < need:
             return CycleReport("skipped", f"{self.new_samples} new samples < {need}")
@@ -179,7 +254,7 @@ class RetrainWorker:
             return CycleReport("rejected", f"too few training rows {counts}")
         self._phase("train")
         result = trainer.train_models(train.raw, train.ttft, train.tpot, config=self.config, ts=train.ts,
-                                      stop=self._stop.is_set)
+                                      weights=self._recency_weights(train.ids), stop=self._stop.is_set)
         if not result.models:
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
         self._phase("evaluate")
