@@ -100,3 +100,23 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "--record-trace" in capsys.readouterr().err
     assert simulate_cli.main(["--list"]) == 0
     assert "standard" in capsys.readouterr().out
+
+
+def test_identical_results_across_processes_and_hash_seeds(tmp_path):
+    """The CLI run twice in fresh interpreters (different PYTHONHASHSEED) writes the same results."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    outs = []
+    for hseed in ("1", "2"):
+        out = tmp_path / f"run{hseed}"
+        env = {**os.environ, "PYTHONHASHSEED": hseed}
+        subprocess.run([sys.executable, "-m", "load.simulate_cli", "--scenario", "standard-small", "--limit", "150",
+                        "--policies", "random,llmd-default,llmd-token-load,oracle", "--load", "0.9", "--seed", "7",
+                        "--out", str(out), "--no-plots", "--quiet"], cwd=repo, env=env, check=True, timeout=300,
+                       capture_output=True)
+        outs.append(json.loads((out / "results.json").read_text())["results"])
+    assert outs[0] == outs[1]
