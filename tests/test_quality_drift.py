@@ -73,8 +73,11 @@ def test_slower_servers_trigger_a_live_recalibration_then_a_recency_weighted_ret
     for t in ("ttft", "tpot"):  # the corrected predictions cover the quantile on the pairs it used
         cov = np.mean([a <= p for a, p in after[t][-RECAL_WINDOW:]]) * 100
         assert 88.0 <= cov <= 92.0, (t, cov)
-    # 2) the retrain that followed weighted the rows after the drift
+    # 2) the retrain that followed weighted the rows after the drift, and its models carry the live factor
     assert report.outcome in ("published", "rejected")
+    for t in ("ttft", "tpot"):
+        assert worker.live_factor[t] == pytest.approx(rec_manifest["recalibrated"]["factors"][t])
+        assert registry.served.manifest["calibration"][t]["live_factor"] == pytest.approx(worker.live_factor[t])
     w = seen_weights[-1]
     assert w is not None and set(np.unique(w)) == {1.0, RECENT_WEIGHT}
 

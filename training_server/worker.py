@@ -16,14 +16,18 @@ at most a few seconds. When the served bundle's live coverage (from entries that
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
 
 Online adaptive correction (:meth:`RetrainWorker.recalibrate`): every cycle, the last
-``RECAL_WINDOW`` live (actual, predicted) pairs per target of the served learned bundle are
-checked; when their coverage is more than ``RECAL_TOLERANCE`` points off the quantile (over at
-least ``RECAL_MIN_PAIRS`` pairs), the same models are republished at once with their
-calibration multiplied by the factor that makes those pairs cover the quantile
-(:func:`training_server.calibration.recalibrate`): no training, a new version the prediction
-servers pick up at their next poll. The drift also marks the rows from then on as recent: the
-following retrains run at the lowered threshold and weight those rows ``RECENT_WEIGHT`` x
-(sampling and conformal calibration alike), until ``RECENT_ROWS`` rows have arrived since.
+``RECAL_WINDOW`` live (actual, predicted) pairs per target (of the served bundles since the
+last correction) are checked; when their coverage is more than ``RECAL_TOLERANCE`` points off
+the quantile (over at least ``RECAL_MIN_PAIRS`` pairs), the served models are republished at
+once with their calibration multiplied by the factor that makes those pairs cover the
+quantile (:func:`training_server.calibration.recalibrate`): no training, a new version the
+prediction servers pick up at their next poll. The product of these factors (the *live
+factor*, per target, recorded in the manifest's calibration) is applied to every later
+retrained model too, before the publish gate, and keeps adapting (adaptive conformal
+inference): a drift the features cannot see (e.g. slower GPUs) stays corrected across
+retrains, and a retrain that has absorbed it shows up as over-coverage and is scaled back. The drift also marks the rows from then on as recent: the
+next retrain runs at the lowered threshold, and retrains weight those rows ``RECENT_WEIGHT`` x
+(model fit and conformal calibration alike) until ``RECENT_ROWS`` rows have arrived since.
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ RECAL_WINDOW = 250
 #: fewer live pairs of the served bundle than this: no recalibration yet
 RECAL_MIN_PAIRS = 200
 #: live coverage this many points off the quantile triggers a recalibration
-RECAL_TOLERANCE = 4.0
+RECAL_TOLERANCE = 3.0
 #: sample weight of rows stored after a detected drift, and how long rows count as recent
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
@@ -123,7 +127,11 @@ class RetrainWorker:
         self.on_phase: Callable[[str], None] | None = None
         #: first store row id after the last detected drift (None: no recent drift)
         self.drift_from_id: int | None = None
+        #: a drift was detected and no retrain has run since (the next one runs early)
+        self.drift_retrain_pending = False
         self.recalibrations = 0
+        cal = (served.manifest.get("calibration") or {}) if served.source == "learned" else {}
+        self.live_factor = {t: float((cal.get(t) or {}).get("live_factor", 1.0)) for t in ("ttft", "tpot")}
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -164,8 +172,8 @@ class RetrainWorker:
         drift = self.metrics.drifting() if self.registry.is_learned else []
         if drift:
             return max(1, self.min_new // 4), f"live drift on {', '.join(drift)}"
-        if self.drift_from_id is not None:
-            return max(1, self.min_new // 4), "recent drift (live recalibration)"
+        if self.drift_retrain_pending:
+            return max(1, self.min_new // 4), "drift (live recalibration) not yet retrained on"
         return self.min_new, ""
 
     def recalibrate(self) -> CycleReport | None:
@@ -186,15 +194,19 @@ class RetrainWorker:
             return None
         cal = {t: dict(c) for t, c in (served.manifest.get("calibration") or {}).items()}
         new_cal, factors = calibration.recalibrate(cal, live, q)
+        for t, f in factors.items():
+            self.live_factor[t] *= f
         manifest = dict(served.manifest)
         manifest["calibration"] = new_cal
         manifest["recalibrated"] = {"from": served.version, "factors": factors,
                                     "live_pairs": {t: int(len(a)) for t, (a, _) in live.items()}}
         bundle = self.registry.publish(manifest, self.registry.served_files())
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self.metrics.reset_recent(list(factors))
         self.recalibrations += 1
         last = self.store.last_id
         self.drift_from_id = max(0, last - 2 * RECAL_WINDOW) if self.drift_from_id is None else self.drift_from_id
+        self.drift_retrain_pending = True
         reason = ", ".join(f"{t} x{f:.3f}" for t, f in factors.items())
         log.info("live recalibration %s -> %s: %s", served.version, bundle.version, reason)
         return CycleReport("recalibrated", reason, version=bundle.version)
@@ -253,10 +265,14 @@ class RetrainWorker:
         if max(counts.values()) < self.config.min_rows:
             return CycleReport("rejected", f"too few training rows {counts}")
         self._phase("train")
+        self.drift_retrain_pending = False
         result = trainer.train_models(train.raw, train.ttft, train.tpot, config=self.config, ts=train.ts,
                                       weights=self._recency_weights(train.ids), stop=self._stop.is_set)
         if not result.models:
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
+        for t in result.models:  # the live correction carries over to the new models
+            if self.live_factor.get(t, 1.0) != 1.0 and t in result.calibration:
+                result.calibration[t] = calibration.scale_spec(result.calibration[t], self.live_factor[t])
         self._phase("evaluate")
         candidate = trainer.loaded_bundle(result)
         served = self.registry.served
