@@ -14,8 +14,9 @@ become ``--factor`` × slower: every later actual latency is multiplied by the f
 Reports (stdout and ``DIR/prequential.json``, plot ``DIR/prequential-coverage.png``):
 time from the 100th sample to the first prediction served by a learned model; coverage of
 the predictions made before that (the prior); coverage per 10 s window and target; after
-the step, the traffic time until the 10 s coverage is back within ±3 points of the
-quantile for good, and the coverage of the last 10 s.
+the step, the traffic time until the 10 s coverage is first back within ±3 points of the
+quantile and until it stays there for good, the share of later windows inside the band,
+and the coverage of the last 10 s.
 """
 from __future__ import annotations
 
@@ -184,8 +185,10 @@ def summarize(a: np.ndarray, *, rate: float, step_s: float, quantile: float) -> 
         pre = (ends <= step_s) & (ends > step_s - 20.0)
         post = ends >= step_s + WINDOW_S  # windows wholly after the step
         inside = np.abs(cov - q) <= BAND
-        back = None
+        back = first = None
         if post.any():
+            ins = np.flatnonzero(post & inside)
+            first = round(float(ends[ins[0]] - step_s), 1) if len(ins) else None
             idx = np.flatnonzero(post)
             for j in idx:  # first window after which every later window stays inside the band
                 if inside[j:].all():
@@ -195,7 +198,11 @@ def summarize(a: np.ndarray, *, rate: float, step_s: float, quantile: float) -> 
                      "coverage_last_10s": float(cov[-1]),
                      "min_coverage_after_step": float(np.nanmin(cov[ends > step_s])) if (ends > step_s).any()
                      else None,
+                     "first_within_3_points_after_s": first,
                      "back_within_3_points_after_s": back,
+                     "share_of_windows_within_3_points_after_recovery": (
+                         float(inside[np.flatnonzero(post & inside)[0]:].mean() * 100.0)
+                         if first is not None else None),
                      "overall_coverage": float((a[a[:, 2] == ti, 3] <= a[a[:, 2] == ti, 4]).mean() * 100.0)}
     return out
 

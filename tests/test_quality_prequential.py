@@ -40,6 +40,8 @@ def test_summary_finds_the_recovery_time():
     for t in ("ttft", "tpot"):
         # the last window touching the bad period ends just before 45 s: back 24-25 s after the step
         assert 24.0 <= s[t]["back_within_3_points_after_s"] <= 25.0
+        assert s[t]["first_within_3_points_after_s"] == s[t]["back_within_3_points_after_s"]
+        assert s[t]["share_of_windows_within_3_points_after_recovery"] == 100.0
         assert s[t]["min_coverage_after_step"] < 60
         assert abs(s[t]["coverage_last_10s"] - 90.0) < 1.0
     assert s["learned_after_100th_sample_s"] > 0

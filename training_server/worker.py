@@ -152,8 +152,20 @@ class RetrainWorker:
         return True
 
     def _loop(self) -> None:
+        self._warm_up()
         while not self._stop.wait(self.interval):
             self.run_once()
+
+    def _warm_up(self) -> None:
+        """Import the model library now (about 1-2 s on a busy core), not in the first
+        retrain: the first learned model is due within seconds of the first samples."""
+        try:
+            if self.config.model_type == "xgboost":
+                import xgboost  # noqa: F401
+            else:
+                import lightgbm  # noqa: F401
+        except ImportError:  # the first cycle reports it
+            pass
 
     @property
     def new_samples(self) -> int:
