@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from training_server.trainer import DEFAULT_XGB
 
 HOST = "127.0.0.1"
 
@@ -227,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="16,64", help="rows per request, comma-separated (default 16,64)")
     p.add_argument("--concurrency", default="1,8,32", help="connections, comma-separated (default 1,8,32)")
     p.add_argument("--model", choices=("xgboost", "lightgbm"), default="xgboost")
-    p.add_argument("--rounds", type=int, default=200, help="boosting rounds per target (default 200, as the "
-                   "training server's default recipe)")
-    p.add_argument("--max-depth", type=int, default=4, help="tree depth (default 4, as the training server's)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_XGB["n_estimators"],
+                   help="boosting rounds per target (default: the training server's default recipe)")
+    p.add_argument("--max-depth", type=int, default=DEFAULT_XGB["max_depth"],
+                   help="tree depth (default: the training server's default recipe)")
     p.add_argument("--no-pin", action="store_true", help="do not pin server/client to cores 0/1")
     p.add_argument("--no-swap-check", action="store_true", help="skip the bundle-swap-under-load check")
     p.add_argument("--out", help="also write the results as JSON to this file")
