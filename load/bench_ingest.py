@@ -89,14 +89,19 @@ def _point(batch: int, seconds: float, training: bool, entries: list[dict]) -> d
                 "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
                 "retrains": status["retrain_cycles"], "stored": status["stored_rows"]}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        _stop(proc, data_dir)
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+
+
+def _stop(proc: subprocess.Popen, data_dir: Path) -> None:
+    """Stop a benchmark server (SIGTERM, then SIGKILL after 15 s) and remove its data."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0) -> dict:
@@ -126,12 +131,7 @@ def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0
             return {"seconds": time.perf_counter() - t100, "sent": sent,
                     "version": c.get("/readyz").json()["model_version"]}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        _stop(proc, data_dir)
 
 
 _RETRAIN_CODE = r"""
