@@ -1,7 +1,8 @@
-"""Live error and drift in the retrain worker: a served bundle whose live coverage departs
-from the quantile is republished at once with a live-corrected calibration (same models),
-and the following retrain weights the rows after the drift more. Real store, real models,
-real bundles on disk; live pairs are the served bundle's own predictions on real rows."""
+"""Live error and drift in the retrain worker: live pairs move a multiplicative live factor
+(adaptive conformal inference) and the served models are republished with it at once; a
+large move is a drift, and the following retrain weights the rows after it more and takes
+the correction over by level. Real store, real models, real bundles on disk; live pairs are
+the served bundle's own predictions on real rows, in arrival order."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,12 @@ from prediction_server.model import LoadedBundle
 from training_server import calibration, trainer as trainer_mod
 from training_server.store import entries_to_rows
 from training_server.testing import load_entries
-from training_server.worker import RECAL_MIN_PAIRS, RECAL_WINDOW, RECENT_WEIGHT
+import asyncio
+import json
+
+from training_server.app import TrainingService
+from training_server.settings import Settings
+from training_server.worker import LEVEL_ROWS, RECENT_WEIGHT
 
 from test_training_publish import parts  # noqa: F401 (the worker fixture: real store, registry, worker)
 
@@ -33,21 +39,45 @@ def _live(bundle, entries, factor):
     return out
 
 
-def test_slower_servers_trigger_a_live_recalibration_then_a_recency_weighted_retrain(parts, monkeypatch):
+def _replay(worker, registry, entries, factor, chunk=25):
+    """Serve ``entries`` in arrival order: each chunk is predicted by the bundle served at the
+    time, its live pairs (actuals x ``factor``) reach the metrics, then one correction step
+    runs. Returns the (actual, predicted) pairs per target."""
+    seen = {"ttft": [], "tpot": []}
+    for i in range(0, len(entries), chunk):
+        pairs = _live(registry.served, entries[i:i + chunk], factor)
+        worker.metrics.observe_live(pairs, pairs)
+        for t in seen:
+            seen[t] += pairs[t]
+        worker.recalibrate()
+    return seen
+
+
+def _coverage(pairs):
+    return float(np.mean([a <= p for a, p in pairs]) * 100)
+
+
+def test_slower_servers_are_corrected_live_then_handed_over_to_a_recency_weighted_retrain(parts, monkeypatch):
     store, registry, worker = parts
-    metrics = worker.metrics
     store.submit(entries_to_rows(PARSED[:2500])).result(10)
     assert worker.run_once().outcome == "published"
-    first = registry.served
-    first_files = registry.served_files()
-    # the servers became 1.5x slower: live actuals of the next requests, scored by the served bundle
+    first, first_files = registry.served, registry.served_files()
+    # the servers became 1.5x slower: 800 requests, each predicted by whatever was served then
     live_entries = PARSED[2500:3300]
-    live = _live(first, live_entries, 1.5)
-    assert min(len(v) for v in live.values()) >= RECAL_MIN_PAIRS
-    before = {t: np.mean([a <= p for a, p in v]) * 100 for t, v in live.items()}
-    assert before["ttft"] < 86 and before["tpot"] < 86  # the departure is real
-    metrics.observe_live(live)
+    before = {t: _coverage(v) for t, v in _live(first, live_entries, 1.5).items()}
+    assert before["ttft"] < 80 and before["tpot"] < 80  # the departure is real
+    seen = _replay(worker, registry, live_entries, 1.5)
+    # 1) corrected live: recalibrated versions with the same model files, a live factor near 1.5
+    assert worker.recalibrations >= 2
+    assert registry.served.version != first.version and registry.served_files() == first_files
+    for t in ("ttft", "tpot"):
+        assert 1.2 < worker.live_factor[t] < 2.0, (t, worker.live_factor)
+        assert registry.served.manifest["calibration"][t]["live_factor"] == pytest.approx(worker.live_factor[t])
+        half = len(seen[t]) // 2  # the second half of the slow traffic is covered again
+        assert 85.0 <= _coverage(seen[t][half:]) <= 95.0, (t, _coverage(seen[t][half:]))
+    assert worker.drift_retrain_pending and worker.drift_from_id is not None
 
+    # 2) the slow rows are stored; the retrain weights them more and starts at the served level
     seen_weights = []
     real = trainer_mod.train_models
 
@@ -58,28 +88,58 @@ def test_slower_servers_trigger_a_live_recalibration_then_a_recency_weighted_ret
     monkeypatch.setattr(trainer_mod, "train_models", spy)
     slow = [e.__class__(e.raw, e.actual_ttft_ms * 1.5, e.actual_tpot_ms * 1.5, None) for e in live_entries]
     store.submit(entries_to_rows(slow)).result(10)
+    served = registry.served
     report = worker.run_once()
-    # 1) live recalibration: a new version with the same model files, calibration x live factor
-    assert worker.recalibrations == 1
-    found = [read_bundle(p) for p in sorted(registry.root.iterdir())]
-    rec_manifest, rec_files = next((m, f) for m, f in found if (m.get("recalibrated") or {}).get("from")
-                                   == first.version)
-    assert rec_files == first_files
-    for t in ("ttft", "tpot"):
-        assert 1.2 < rec_manifest["recalibrated"]["factors"][t] < 2.0
-        assert rec_manifest["calibration"][t]["live_factor"] == rec_manifest["recalibrated"]["factors"][t]
-    rec = LoadedBundle.from_files(rec_manifest, rec_files)
-    after = _live(rec, live_entries, 1.5)
-    for t in ("ttft", "tpot"):  # the corrected predictions cover the quantile on the pairs it used
-        cov = np.mean([a <= p for a, p in after[t][-RECAL_WINDOW:]]) * 100
-        assert 88.0 <= cov <= 92.0, (t, cov)
-    # 2) the retrain that followed weighted the rows after the drift, and its models carry the live factor
     assert report.outcome in ("published", "rejected")
-    for t in ("ttft", "tpot"):
-        assert worker.live_factor[t] == pytest.approx(rec_manifest["recalibrated"]["factors"][t])
-        assert registry.served.manifest["calibration"][t]["live_factor"] == pytest.approx(worker.live_factor[t])
     w = seen_weights[-1]
     assert w is not None and set(np.unique(w)) == {1.0, RECENT_WEIGHT}
+    if report.outcome == "published":
+        new = registry.served
+        raw = np.array([e.raw for e in slow[-LEVEL_ROWS:]])
+        for i, t in enumerate(("ttft", "tpot")):
+            ratio = np.median(new.predict(raw)[i] / served.predict(raw)[i])
+            assert 0.85 < ratio < 1.15, (t, ratio)  # no jump in level at the hand-over
+            assert worker.live_factor[t] == pytest.approx(new.manifest["calibration"][t].get("live_factor", 1.0))
+
+
+def test_live_pairs_of_recent_learned_versions_feed_the_correction(tmp_path):
+    svc = TrainingService(Settings(data_dir=tmp_path))
+    svc.start(run_worker=False)
+    try:
+        svc.store.submit(entries_to_rows(PARSED[:2500])).result(10)
+        assert svc.worker.run_once().outcome == "published"
+        v = svc.registry.served.version
+        base = {k: ENTRIES[0][k] for k in ("kv_cache_percentage", "input_token_length", "num_request_waiting",
+                                           "num_request_running", "num_tokens_generated", "prefix_cache_score")}
+        entries = [dict(base, actual_ttft_ms=100.0, actual_tpot_ms=0, predicted_ttft_ms=80.0, model_version=ver)
+                   for ver in (v, v, "prior-default", "v999999-20990101T000000Z", "")]
+        asyncio.run(svc.ingest(json.dumps({"entries": entries}).encode()))
+        a, p = svc.metrics.take_feedback("ttft")
+        assert len(a) == 2  # the served learned version only: not the prior, unknown or absent ones
+        assert svc.metrics.take_feedback("ttft")[0].size == 0  # drained
+        assert svc.metrics.live_scores()["ttft"]["n"] == 3  # live error: served or unversioned entries
+    finally:
+        svc.stop()
+
+
+def test_adaptive_correction_settles_at_the_quantile():
+    rng = np.random.default_rng(0)
+    pred = rng.uniform(50, 150, 20_000)
+    ratio = rng.lognormal(0.0, 0.2, 20_000)  # actual = ratio x raw prediction
+    target = float(np.quantile(ratio, 0.9))
+    lf = 0.0
+    hits = []
+    for i in range(0, 20_000, 25):  # chunks predicted with the factor of the time
+        p = pred[i:i + 25] * np.exp(lf)
+        a = pred[i:i + 25] * ratio[i:i + 25]
+        hits.append(a <= p)
+        lf = calibration.aci_update(lf, a, p, 0.9, 0.02)
+    assert np.exp(lf) == pytest.approx(target, rel=0.1)
+    assert 88.0 <= np.mean(np.concatenate(hits[len(hits) // 2:])) * 100 <= 92.0
+    # bounded, and hits alone shrink it only slowly (a miss weighs 9 hits at q = 0.9)
+    assert calibration.aci_update(0.0, np.full(10_000, 1e9), np.ones(10_000), 0.9, 0.02) == pytest.approx(
+        np.log(calibration.MAX_FACTOR))
+    assert calibration.aci_update(0.0, np.zeros(10), np.ones(10), 0.9, 0.02) == pytest.approx(-0.02)
 
 
 def test_recalibration_scales_every_part_of_the_map():
@@ -89,5 +149,6 @@ def test_recalibration_scales_every_part_of_the_map():
     assert out["offset_ms"] == 15.0 and out["scale"] == 1.5 and out["live_factor"] == 1.5
     assert out["by_regime"]["queued_lowkv"] == {"offset_ms": 30.0, "scale": 1.5}
     a = np.arange(1, 101, dtype=float)
-    assert calibration.recalibration_factor(a * 2, a, 0.9) == pytest.approx(2.0)
-    assert calibration.recalibration_factor(a * 100, a, 0.9) == calibration.MAX_FACTOR
+    assert calibration.level_factor(a * 2, a) == pytest.approx(2.0)
+    assert calibration.level_factor(a * 100, a) == calibration.MAX_FACTOR
+    assert calibration.level_factor(np.zeros(3), a[:3]) == 1.0

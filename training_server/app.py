@@ -176,15 +176,20 @@ class TrainingService:
             raise HTTPProblem(503, "sample store unavailable; entries not stored", {"Retry-After": "1"}) from None
         self.metrics.accepted.inc(len(valid))
         live: dict[str, list] = {t: [] for t in TARGETS}
+        feedback: dict[str, list] = {t: [] for t in TARGETS}
         served = self.registry.served.version
         for e in valid:
-            if e.model_version and e.model_version != served:
-                continue  # predicted by another bundle: not the served model's live error
-            if e.predicted_ttft_ms > 0 and e.actual_ttft_ms > 0:
-                live["ttft"].append((e.actual_ttft_ms, e.predicted_ttft_ms))
-            if e.predicted_tpot_ms > 0 and e.actual_tpot_ms > 0:
-                live["tpot"].append((e.actual_tpot_ms, e.predicted_tpot_ms))
-        self.metrics.observe_live(live)
+            pairs = [(t, a, p) for t, a, p in (("ttft", e.actual_ttft_ms, e.predicted_ttft_ms),
+                                               ("tpot", e.actual_tpot_ms, e.predicted_tpot_ms)) if p > 0 and a > 0]
+            if not pairs:
+                continue
+            if not e.model_version or e.model_version == served:  # the served model's live error
+                for t, a, p in pairs:
+                    live[t].append((a, p))
+            if e.model_version and self.registry.is_learned_version(e.model_version):
+                for t, a, p in pairs:  # any recent learned version: the adaptive correction's input
+                    feedback[t].append((a, p))
+        self.metrics.observe_live(live, feedback)
         self.metrics.ingest_latency.observe(time.perf_counter() - t0)
         return {"message": f"accepted {len(valid)} of {total} entries", "accepted": len(valid),
                 "rejected": total - len(valid), "errors": errors}

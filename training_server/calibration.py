@@ -12,11 +12,13 @@ uses the global values.
   the regime lattice along the directions the target's physics constrains (TTFT: queued >=
   idle and high KV >= low KV; TPOT: high KV >= low KV), so crossing a regime boundary never
   lowers a prediction (routing must never prefer a busier endpoint).
-* :func:`recalibrate`: online adaptive correction. From live (actual, predicted) pairs of
-  the served bundle, the multiplicative factor ``s`` that makes live coverage equal the
-  quantile; the new spec is ``s`` × the old one (scale and offsets alike, so the map stays
-  increasing and monotone across regimes). A step change in server speed (all latencies
-  ×1.5) is corrected by one factor, without retraining.
+* :func:`aci_update`: online adaptive correction (adaptive conformal inference). From live
+  (actual, predicted) pairs, a multiplicative factor ``s`` that moves until live coverage
+  equals the quantile; :func:`scale_spec` makes the new spec ``s`` × the old one (scale and
+  offsets alike, so the map stays increasing and monotone across regimes). A step change
+  in server speed (all latencies ×1.5) is corrected by the factor, without retraining.
+* :func:`level_factor`: the factor that hands a drift correction over to a retrained model
+  (same level as the served, corrected model on recent traffic).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ _ORDER = {
     "ttft": ((0, 1), (2, 3), (0, 2), (1, 3)),  # queued >= idle; high KV >= low KV
     "tpot": ((0, 2), (1, 3)),                    # high KV >= low KV
 }
-#: bounds of one live recalibration factor (a wild factor means something else broke)
+#: bounds of the live factor (a wilder one means something else broke)
 MIN_FACTOR, MAX_FACTOR = 0.5, 3.0
 
 
@@ -84,16 +86,30 @@ def conformal_spec(target: str, residuals: np.ndarray, regime: np.ndarray, quant
     return spec
 
 
-def recalibration_factor(actual: np.ndarray, predicted: np.ndarray, quantile: float) -> float:
-    """Factor s (clipped to [MIN_FACTOR, MAX_FACTOR]) such that the share of actual <= s * predicted
-    is ``quantile`` on the given live pairs (predicted > 0)."""
+def aci_update(log_factor: float, actual: np.ndarray, predicted: np.ndarray, quantile: float,
+               step: float) -> float:
+    """Adaptive conformal inference on a multiplicative factor: for each live pair in arrival
+    order, log f += step x (miss - (1 - quantile)), miss = actual > predicted. A factor that
+    under-covers grows (quickly: a miss moves it 9x more than a hit at q = 0.9), one that
+    over-covers shrinks, and at equilibrium the share of misses is 1 - quantile. Clipped to
+    [MIN_FACTOR, MAX_FACTOR]."""
     a = np.asarray(actual, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
-    m = (p > 0) & (a > 0)
+    if a.size:
+        miss = (a > p).astype(np.float64)
+        log_factor += step * float(np.sum(miss - (1.0 - quantile)))
+    return float(min(math.log(MAX_FACTOR), max(math.log(MIN_FACTOR), log_factor)))
+
+
+def level_factor(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Factor that puts ``candidate`` predictions at the level of ``reference`` ones on the same
+    rows (median ratio, clipped to [MIN_FACTOR, MAX_FACTOR]; 1 without usable rows)."""
+    r = np.asarray(reference, dtype=np.float64)
+    c = np.asarray(candidate, dtype=np.float64)
+    m = (r > 0) & (c > 0)
     if not m.any():
         return 1.0
-    s = conformal_offset(a[m] / p[m], quantile)
-    return float(min(MAX_FACTOR, max(MIN_FACTOR, s)))
+    return float(min(MAX_FACTOR, max(MIN_FACTOR, float(np.median(r[m] / c[m])))))
 
 
 def scale_spec(spec: Mapping | None, factor: float) -> dict[str, Any]:
@@ -108,15 +124,3 @@ def scale_spec(spec: Mapping | None, factor: float) -> dict[str, Any]:
                             for name, r in by.items()}
     out["live_factor"] = float(spec.get("live_factor", 1.0)) * factor
     return out
-
-
-def recalibrate(calibration: Mapping[str, Mapping], live: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                quantile: float) -> tuple[dict[str, dict], dict[str, float]]:
-    """New calibration for every target with live pairs: (specs, factors applied)."""
-    new = {t: dict(c) for t, c in calibration.items()}
-    factors: dict[str, float] = {}
-    for t, (actual, predicted) in live.items():
-        f = recalibration_factor(actual, predicted, quantile)
-        factors[t] = f
-        new[t] = scale_spec(calibration.get(t), f)
-    return new, factors

@@ -19,8 +19,8 @@ LIVE_WINDOW = 2000
 #: live coverage this many points off the quantile, over at least DRIFT_MIN_SAMPLES, is drift
 DRIFT_COVERAGE_POINTS = 5.0
 DRIFT_MIN_SAMPLES = 200
-#: recent live pairs kept across bundle versions (live recalibration)
-RECENT_WINDOW = 1000
+#: live feedback pairs waiting for the worker's adaptive correction (bounded: the oldest go)
+FEEDBACK_BACKLOG = 20_000
 
 
 class TrainingMetrics:
@@ -61,40 +61,40 @@ class TrainingMetrics:
         self.live_samples = Gauge(PREFIX + "live_samples", "Entries in the live-error window", ["target"],
                                   registry=r)
         self._live = {t: deque(maxlen=live_window) for t in TARGETS}
-        #: the same pairs, kept across bundle versions until reset_recent() (live recalibration)
-        self._recent = {t: deque(maxlen=RECENT_WINDOW) for t in TARGETS}
+        #: pairs of any learned version, drained by the worker (adaptive conformal correction)
+        self._feedback = {t: deque(maxlen=FEEDBACK_BACKLOG) for t in TARGETS}
         self._live_lock = threading.Lock()
         self._served_labels: tuple[str, str] | None = None
         self._loaded_at = time.time()
 
     # ---- ingestion -------------------------------------------------------------------------
-    def observe_live(self, pairs: Mapping[str, list[tuple[float, float]]]) -> None:
-        """(actual, predicted) pairs per target from entries that carried a prediction of the
-        served bundle (the caller filters on model_version)."""
+    def observe_live(self, pairs: Mapping[str, list[tuple[float, float]]],
+                     feedback: Mapping[str, list[tuple[float, float]]] | None = None) -> None:
+        """``pairs``: (actual, predicted) per target from entries that carried a prediction of
+        the served bundle (the live-error metrics); ``feedback``: the same from any recent
+        learned version (the adaptive correction). The caller filters on model_version."""
         with self._live_lock:
             for t, items in pairs.items():
                 if items:
                     self._live[t].extend(items)
-                    self._recent[t].extend(items)
+            for t, items in (feedback or {}).items():
+                if items:
+                    self._feedback[t].extend(items)
 
     def drifting(self, min_n: int = DRIFT_MIN_SAMPLES, tolerance: float = DRIFT_COVERAGE_POINTS) -> list[str]:
         """Targets whose live coverage is off the quantile by more than ``tolerance`` points."""
         return [t for t, s in self.live_scores().items()
                 if s["n"] >= min_n and abs(s["coverage"] - 100.0 * self.quantile) > tolerance]
 
-    def recent_live(self, target: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(actual, predicted) arrays of the last ``n`` live pairs of ``target`` since the last
-        reset_recent(), across the bundle versions served meanwhile."""
+    def take_feedback(self, target: str) -> tuple[np.ndarray, np.ndarray]:
+        """(actual, predicted) arrays of the feedback pairs of ``target`` that arrived since the
+        last call, oldest first; the backlog is emptied."""
         with self._live_lock:
-            d = self._recent[target]
-            items = list(d)[-n:] if n < len(d) else list(d)
+            d = self._feedback[target]
+            items = list(d)
+            d.clear()
         a = np.array(items, dtype=np.float64).reshape(-1, 2)
         return a[:, 0], a[:, 1]
-
-    def reset_recent(self, targets=TARGETS) -> None:
-        with self._live_lock:
-            for t in targets:
-                self._recent[t].clear()
 
     def reset_live(self) -> None:
         with self._live_lock:
@@ -113,8 +113,6 @@ class TrainingMetrics:
                 self.served_bundle.remove(*self._served_labels)
             except KeyError:
                 pass
-        if source != "learned" or self._served_labels is None or self._served_labels[1] != "learned":
-            self.reset_recent()  # the prior's live error says nothing about learned models
         self._served_labels = (version, source)
         self.served_bundle.labels(version, source).set(1)
         self._loaded_at = loaded_at

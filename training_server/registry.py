@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Mapping
 
@@ -21,6 +22,8 @@ from prediction_server.model import LoadedBundle
 log = logging.getLogger("training_server.registry")
 
 EXPORT_FORMAT = "latency-bundle-export/1"
+#: learned versions remembered for live feedback (is_learned_version)
+KNOWN_VERSIONS = 256
 
 
 def export_document(manifest: Mapping, files: Mapping[str, bytes]) -> dict:
@@ -79,6 +82,8 @@ class Registry:
         self._served: LoadedBundle = LoadedBundle.builtin_prior(quantile)
         self._files: dict[str, bytes] = {}
         self._seq = 0
+        #: versions served by this registry since start-up, newest last (bounded)
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     # ---- start-up ----------------------------------------------------------------------
     def load(self, seed: Path | None = None) -> LoadedBundle:
@@ -142,7 +147,16 @@ class Registry:
                  sorted(disk_manifest["models"]))
         return bundle
 
+    def is_learned_version(self, version: str) -> bool:
+        """True for a learned bundle this registry served recently (live feedback may come
+        from a version that was replaced a moment ago)."""
+        return version in self._known
+
     def _swap(self, bundle: LoadedBundle, files: Mapping[str, bytes]) -> None:
+        if bundle.source == "learned":
+            self._known[bundle.version] = None
+            while len(self._known) > KNOWN_VERSIONS:
+                self._known.popitem(last=False)
         self._files = dict(files)
         self._served = bundle
 

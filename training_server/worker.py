@@ -15,23 +15,29 @@ The stop flag is checked between phases and after every boosting round, so shutd
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
 
-Online adaptive correction (:meth:`RetrainWorker.recalibrate`): every cycle, the last
-``RECAL_WINDOW`` live (actual, predicted) pairs per target (of the served bundles since the
-last correction) are checked; when their coverage is more than ``RECAL_TOLERANCE`` points off
-the quantile (over at least ``RECAL_MIN_PAIRS`` pairs), the served models are republished at
-once with their calibration multiplied by the factor that makes those pairs cover the
-quantile (:func:`training_server.calibration.recalibrate`): no training, a new version the
-prediction servers pick up at their next poll. The product of these factors (the *live
-factor*, per target, recorded in the manifest's calibration) is applied to every later
-retrained model too, before the publish gate, and keeps adapting (adaptive conformal
-inference): a drift the features cannot see (e.g. slower GPUs) stays corrected across
-retrains, and a retrain that has absorbed it shows up as over-coverage and is scaled back. The drift also marks the rows from then on as recent: the
-next retrain runs at the lowered threshold, and retrains weight those rows ``RECENT_WEIGHT`` x
-(model fit and conformal calibration alike) until ``RECENT_ROWS`` rows have arrived since.
+Online adaptive correction (:meth:`RetrainWorker.recalibrate`, adaptive conformal inference):
+every cycle, the live (actual, predicted) pairs that arrived since the last cycle from any
+recent learned version move a per-target *live factor* (:func:`training_server.calibration.
+aci_update`, ``ACI_STEP`` per pair in log units): up on a miss, down on a hit, so that misses
+settle at 1 - quantile. When the factor has moved more than ``ACI_REPUBLISH`` since it was
+last published, the served models are republished at once with their calibration scaled by
+the change: no training, a new version the prediction servers pick up at their next poll. A
+drift the features cannot see (e.g. slower GPUs) is thus corrected within a few hundred
+live pairs, and noise moves the factor by about a percent.
+
+When the factor has moved more than ``DRIFT_LOG`` from where the last retrain left it, that
+is a drift: the rows from then on count as recent (weight ``RECENT_WEIGHT`` in model fit and
+conformal calibration until ``RECENT_ROWS`` rows have arrived since) and the next retrain
+runs at the lowered threshold. A retrained model has partly absorbed such a drift, so while a
+correction of more than ``DRIFT_LOG`` is active it is handed over by level, not copied: the
+candidate is scaled to the served model's level on the most recent ``LEVEL_ROWS`` stored rows
+per target (:func:`training_server.calibration.level_factor`), and the live factor goes on
+from there. A small correction is carried over as it is.
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,15 +52,32 @@ from .store import SampleStore
 
 log = logging.getLogger("training_server.worker")
 
-#: live pairs per target examined for recalibration (the most recent ones)
-RECAL_WINDOW = 250
-#: fewer live pairs of the served bundle than this: no recalibration yet
-RECAL_MIN_PAIRS = 200
-#: live coverage this many points off the quantile triggers a recalibration
-RECAL_TOLERANCE = 3.0
+#: adaptive-conformal step per live pair (log units): a x1.5 slowdown is corrected within
+#: about 400 pairs (15 s of traffic at 25 pairs/s), noise moves the factor by about 1%
+ACI_STEP = 0.02
+#: the live factor is republished when it has moved this much (log units) since last published
+ACI_REPUBLISH = 0.02
+#: a live factor this far (log units) from where the last retrain left it is a drift
+DRIFT_LOG = 0.1
+#: most recent stored rows per target that hand a large live correction over to a retrained model
+LEVEL_ROWS = 500
 #: sample weight of rows stored after a detected drift, and how long rows count as recent
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
+
+
+TARGET_INDEX = {"ttft": 0, "tpot": 1}
+
+
+def _recent_rows(ts, target: str, n: int) -> np.ndarray:
+    """Raw rows of the ``n`` newest stored samples (train and test) that have ``target``."""
+    parts = [(s.ids, s.raw, s.ttft if target == "ttft" else s.tpot) for s in (ts.train, ts.test)]
+    ids = np.concatenate([p[0] for p in parts])
+    raw = np.concatenate([p[1] for p in parts])
+    y = np.concatenate([p[2] for p in parts])
+    m = y > 0
+    ids, raw = ids[m], raw[m]
+    return raw[np.argsort(ids)[-n:]]
 
 
 class _Stopped(Exception):
@@ -130,8 +153,12 @@ class RetrainWorker:
         #: a drift was detected and no retrain has run since (the next one runs early)
         self.drift_retrain_pending = False
         self.recalibrations = 0
-        cal = (served.manifest.get("calibration") or {}) if served.source == "learned" else {}
-        self.live_factor = {t: float((cal.get(t) or {}).get("live_factor", 1.0)) for t in ("ttft", "tpot")}
+        #: per target: the live factor published with the served bundle, the adaptive one (log
+        #: units, moved by every live pair), and the one the last retrain left (log units)
+        self.live_factor: dict[str, float] = {}
+        self._aci: dict[str, float] = {}
+        self._retrain_log: dict[str, float] = {}
+        self._sync_live_factor(served.manifest if served.source == "learned" else {}, retrained=True)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -188,38 +215,54 @@ class RetrainWorker:
             return max(1, self.min_new // 4), "drift (live recalibration) not yet retrained on"
         return self.min_new, ""
 
+    def _sync_live_factor(self, manifest, *, retrained: bool) -> None:
+        cal = manifest.get("calibration") or {}
+        for t in ("ttft", "tpot"):
+            f = float((cal.get(t) or {}).get("live_factor", 1.0))
+            self.live_factor[t] = f
+            self._aci[t] = math.log(f)
+            if retrained:
+                self._retrain_log[t] = math.log(f)
+
     def recalibrate(self) -> CycleReport | None:
-        """Republish the served models with live-corrected calibration when the recent live
-        coverage of a target is off the quantile; None when nothing was done."""
+        """Move the live factors by the live pairs that arrived since the last cycle, and
+        republish the served models when a factor has moved enough; None when nothing was
+        published."""
         served = self.registry.served
-        if served.source != "learned":
-            return None
+        targets = list(served.manifest.get("models") or {}) if served.source == "learned" else []
         q = served.quantile
-        live: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for t in served.manifest["models"]:
-            actual, predicted = self.metrics.recent_live(t, RECAL_WINDOW)
-            if len(actual) >= RECAL_MIN_PAIRS:
-                cov = float(np.mean(actual <= predicted) * 100.0)
-                if abs(cov - 100.0 * q) > RECAL_TOLERANCE:
-                    live[t] = (actual, predicted)
-        if not live:
+        changed: dict[str, float] = {}
+        for t in ("ttft", "tpot"):
+            actual, predicted = self.metrics.take_feedback(t)  # drained even when unused
+            if t not in targets or not len(actual):
+                continue
+            self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, q, ACI_STEP)
+            step = self._aci[t] - math.log(self.live_factor[t])
+            if abs(step) > ACI_REPUBLISH:
+                changed[t] = math.exp(step)
+        if not changed:
             return None
         cal = {t: dict(c) for t, c in (served.manifest.get("calibration") or {}).items()}
-        new_cal, factors = calibration.recalibrate(cal, live, q)
-        for t, f in factors.items():
-            self.live_factor[t] *= f
+        for t, f in changed.items():
+            cal[t] = calibration.scale_spec(cal.get(t), f)
         manifest = dict(served.manifest)
-        manifest["calibration"] = new_cal
-        manifest["recalibrated"] = {"from": served.version, "factors": factors,
-                                    "live_pairs": {t: int(len(a)) for t, (a, _) in live.items()}}
+        manifest["calibration"] = cal
+        manifest["recalibrated"] = {"from": served.version, "factors": changed,
+                                    "live_factor": {t: math.exp(self._aci[t]) for t in changed}}
         bundle = self.registry.publish(manifest, self.registry.served_files())
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
-        self.metrics.reset_recent(list(factors))
+        for t in changed:
+            self.live_factor[t] = math.exp(self._aci[t])
         self.recalibrations += 1
-        last = self.store.last_id
-        self.drift_from_id = max(0, last - 2 * RECAL_WINDOW) if self.drift_from_id is None else self.drift_from_id
-        self.drift_retrain_pending = True
-        reason = ", ".join(f"{t} x{f:.3f}" for t, f in factors.items())
+        drifted = [t for t in changed if abs(self._aci[t] - self._retrain_log.get(t, 0.0)) > DRIFT_LOG]
+        if drifted and not self.drift_retrain_pending:
+            last = self.store.last_id
+            # the live pairs that revealed it are already stored: count them as recent too
+            self.drift_from_id = max(0, last - LEVEL_ROWS) if self.drift_from_id is None else self.drift_from_id
+            self.drift_retrain_pending = True
+            log.info("drift on %s: live factor %s", ", ".join(drifted),
+                     ", ".join(f"{t} x{self.live_factor[t]:.3f}" for t in drifted))
+        reason = ", ".join(f"{t} x{f:.3f} (live factor {self.live_factor[t]:.3f})" for t, f in changed.items())
         log.info("live recalibration %s -> %s: %s", served.version, bundle.version, reason)
         return CycleReport("recalibrated", reason, version=bundle.version)
 
@@ -282,9 +325,7 @@ class RetrainWorker:
                                       weights=self._recency_weights(train.ids), stop=self._stop.is_set)
         if not result.models:
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
-        for t in result.models:  # the live correction carries over to the new models
-            if self.live_factor.get(t, 1.0) != 1.0 and t in result.calibration:
-                result.calibration[t] = calibration.scale_spec(result.calibration[t], self.live_factor[t])
+        self._hand_over(result, ts)
         self._phase("evaluate")
         candidate = trainer.loaded_bundle(result)
         served = self.registry.served
@@ -315,8 +356,28 @@ class RetrainWorker:
         bundle = self.registry.publish(manifest, files)
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         self.metrics.set_heldout(cand_scores)
+        self._sync_live_factor(bundle.manifest, retrained=True)
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
+
+    def _hand_over(self, result: trainer.TrainResult, ts) -> None:
+        """Carry the live correction over to the candidate's models: a small one as it is, a
+        large one (a drift the candidate has partly absorbed) by matching the served level on
+        the most recent stored rows."""
+        served = self.registry.served
+        base = None
+        for t in result.models:
+            if t not in result.calibration:
+                continue
+            f = self.live_factor.get(t, 1.0)
+            if served.source == "learned" and served.has_model(t):
+                raw = _recent_rows(ts, t, LEVEL_ROWS)
+                if len(raw):
+                    base = base or trainer.loaded_bundle(result)
+                    i = TARGET_INDEX[t]
+                    f = calibration.level_factor(served.predict(raw)[i], base.predict(raw)[i])
+            if f != 1.0:
+                result.calibration[t] = calibration.scale_spec(result.calibration[t], f)
 
     def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
         """Replace the candidate's models for ``kept`` targets by what is served for them: the
