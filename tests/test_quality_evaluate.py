@@ -78,3 +78,28 @@ def test_malformed_line_fails_clearly(small_trace, tmp_path, capsys, line, needl
     assert cli_main(["evaluate", str(p), "--seeds", "1"]) == 2
     err = capsys.readouterr().err
     assert f"{p}:6" in err and needle in err
+
+
+def test_params_and_ablation_reach_our_recipe_only(small_trace, monkeypatch, capsys):
+    path, _ = small_trace
+    seen = []
+    real = evaluate.evaluate_trace
+
+    def spy(trace, **kw):
+        seen.append(kw["config"])
+        return real(trace, **kw)
+
+    monkeypatch.setattr(evaluate, "evaluate_trace", spy)
+    assert cli_main(["evaluate", str(path), "--seeds", "1", "--json", "--param", "max_depth=3",
+                     "--param", "learning_rate=0.2", "--no-monotone"]) == 0
+    cfg = seen[-1]
+    assert cfg.params == {"max_depth": 3, "learning_rate": 0.2} and cfg.monotone is False
+    assert json.loads(capsys.readouterr().out)["traces"]["sharegpt-part"]["ttft"]["reference"]
+
+
+@pytest.mark.parametrize("bad", ["max_depth", "=3", "max_depth="])
+def test_malformed_param_is_a_usage_error(small_trace, capsys, bad):
+    path, _ = small_trace
+    with pytest.raises(SystemExit) as e:
+        cli_main(["evaluate", str(path), "--param", bad])
+    assert e.value.code == 2 and "NAME=VALUE" in capsys.readouterr().err

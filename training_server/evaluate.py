@@ -259,6 +259,25 @@ def format_table(results: dict[str, dict], quantile: float) -> str:
     return "\n".join(lines)
 
 
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` strings -> {name: int | float | str}; ValueError names a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise ValueError(f"--param {item!r}: expected NAME=VALUE")
+        for conv in (int, float):
+            try:
+                out[name] = conv(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[name] = value
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="latency-predictor evaluate",
                                 description="Accuracy of the production training path vs the reference recipe "
@@ -270,17 +289,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plots", metavar="DIR", help="write calibration and reliability PNGs into DIR")
     p.add_argument("--model-type", choices=("xgboost", "lightgbm"), default=None,
                    help="our model type (default: the training server's default)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override one hyper-parameter of our recipe, in the model library's names "
+                        "(e.g. max_depth=6, n_estimators=200); repeatable")
+    p.add_argument("--no-monotone", action="store_true",
+                   help="train ours without the monotone constraints (an ablation: the price of the "
+                        "shape constraints; never what the server serves)")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
     if not 0 < args.quantile < 1:
         p.error("--quantile must be in (0, 1)")
     try:
+        params = parse_params(args.param)
+    except ValueError as e:
+        p.error(str(e))
+    try:
         traces = [read_trace(t) for t in args.traces]
     except TraceError as e:
         print(f"latency-predictor evaluate: {e}", file=sys.stderr)
         return 2
-    overrides = {"model_type": args.model_type} if args.model_type else {}
+    overrides: dict[str, Any] = {"model_type": args.model_type} if args.model_type else {}
+    if params:
+        overrides["params"] = params
+    if args.no_monotone:
+        overrides["monotone"] = False
     cfg = production_config(args.quantile, **overrides)
     results: dict[str, dict] = {}
     for tr in traces:
