@@ -140,6 +140,8 @@ def test_adaptive_correction_settles_at_the_quantile():
     assert calibration.aci_update(0.0, np.full(10_000, 1e9), np.ones(10_000), 0.9, 0.02) == pytest.approx(
         np.log(calibration.MAX_FACTOR))
     assert calibration.aci_update(0.0, np.zeros(10), np.ones(10), 0.9, 0.02) == pytest.approx(-0.02)
+    # one batch of pairs, all predicted with an older factor, moves it by at most max_move
+    assert calibration.aci_update(0.0, np.full(100, 9.0), np.ones(100), 0.9, 0.02, 0.2) == pytest.approx(0.2)
 
 
 def test_recalibration_scales_every_part_of_the_map():

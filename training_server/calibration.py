@@ -87,17 +87,19 @@ def conformal_spec(target: str, residuals: np.ndarray, regime: np.ndarray, quant
 
 
 def aci_update(log_factor: float, actual: np.ndarray, predicted: np.ndarray, quantile: float,
-               step: float) -> float:
+               step: float, max_move: float = math.inf) -> float:
     """Adaptive conformal inference on a multiplicative factor: for each live pair in arrival
     order, log f += step x (miss - (1 - quantile)), miss = actual > predicted. A factor that
     under-covers grows (quickly: a miss moves it 9x more than a hit at q = 0.9), one that
-    over-covers shrinks, and at equilibrium the share of misses is 1 - quantile. Clipped to
-    [MIN_FACTOR, MAX_FACTOR]."""
+    over-covers shrinks, and at equilibrium the share of misses is 1 - quantile. One call
+    moves it by at most ``max_move`` (pairs that arrive in a batch were all predicted with an
+    older factor: without the bound they would overshoot). Clipped to [MIN_FACTOR, MAX_FACTOR]."""
     a = np.asarray(actual, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
     if a.size:
         miss = (a > p).astype(np.float64)
-        log_factor += step * float(np.sum(miss - (1.0 - quantile)))
+        move = step * float(np.sum(miss - (1.0 - quantile)))
+        log_factor += min(max_move, max(-max_move, move))
     return float(min(math.log(MAX_FACTOR), max(math.log(MIN_FACTOR), log_factor)))
 
 

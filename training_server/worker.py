@@ -55,6 +55,9 @@ log = logging.getLogger("training_server.worker")
 #: adaptive-conformal step per live pair (log units): a x1.5 slowdown is corrected within
 #: about 400 pairs (15 s of traffic at 25 pairs/s), noise moves the factor by about 1%
 ACI_STEP = 0.02
+#: largest move of the live factor in one cycle (log units): the pairs of one cycle were all
+#: predicted with an older factor, so a long cycle (a retrain) must not add them all up
+ACI_MAX_MOVE = 0.2
 #: the live factor is republished when it has moved this much (log units) since last published
 ACI_REPUBLISH = 0.02
 #: a live factor this far (log units) from where the last retrain left it is a drift
@@ -236,7 +239,7 @@ class RetrainWorker:
             actual, predicted = self.metrics.take_feedback(t)  # drained even when unused
             if t not in targets or not len(actual):
                 continue
-            self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, q, ACI_STEP)
+            self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, q, ACI_STEP, ACI_MAX_MOVE)
             step = self._aci[t] - math.log(self.live_factor[t])
             if abs(step) > ACI_REPUBLISH:
                 changed[t] = math.exp(step)
