@@ -154,3 +154,26 @@ def test_recalibration_scales_every_part_of_the_map():
     assert calibration.level_factor(a * 2, a) == pytest.approx(2.0)
     assert calibration.level_factor(a * 100, a) == calibration.MAX_FACTOR
     assert calibration.level_factor(np.zeros(3), a[:3]) == 1.0
+
+
+def test_without_live_pairs_a_retrain_keeps_its_own_conformal_calibration(parts, monkeypatch):
+    """An EPP that reports no predictions: the level is never frozen at an earlier model's."""
+    store, registry, worker = parts
+    store.submit(entries_to_rows(PARSED[:1500])).result(10)
+    assert worker.run_once().outcome == "published"
+    results = []
+    real = trainer_mod.train_models
+
+    def spy(*a, **kw):
+        results.append(real(*a, **kw))
+        return results[-1]
+
+    monkeypatch.setattr(trainer_mod, "train_models", spy)
+    store.submit(entries_to_rows(PARSED[1500:3000])).result(10)
+    assert worker.run_once().outcome == "published"
+    m, files = registry.served.manifest, registry.served_files()
+    fresh = [t for t in m["models"] if files[m["models"][t]["file"]] == results[-1].models.get(t)]
+    assert fresh  # at least one target took the new model
+    for t in fresh:
+        assert "live_factor" not in m["calibration"][t]
+        assert m["calibration"][t]["offset_ms"] == pytest.approx(results[-1].calibration[t]["offset_ms"])

@@ -28,11 +28,13 @@ live pairs, and noise moves the factor by about a percent.
 When the factor has moved more than ``DRIFT_LOG`` from where the last retrain left it, that
 is a drift: the rows from then on count as recent (weight ``RECENT_WEIGHT`` in model fit and
 conformal calibration until ``RECENT_ROWS`` rows have arrived since) and the next retrain
-runs at the lowered threshold. A retrained model has partly absorbed such a drift, so while a
-correction of more than ``DRIFT_LOG`` is active it is handed over by level, not copied: the
-candidate is scaled to the served model's level on the most recent ``LEVEL_ROWS`` stored rows
-per target (:func:`training_server.calibration.level_factor`), and the live factor goes on
-from there. A small correction is carried over as it is.
+runs at the lowered threshold. A retrained model may have partly absorbed such a drift, so
+while live pairs keep the correction up to date (``LEVEL_MIN_FEEDBACK`` pairs seen, the last
+within ``FEEDBACK_FRESH_S``) a retrain is handed over by level, not by copying the factor:
+the candidate is scaled to the served model's level on the most recent ``LEVEL_ROWS`` stored
+rows per target (:func:`training_server.calibration.level_factor`), and the live factor goes
+on from there. Without live pairs (an EPP that sends no predictions) every retrained model
+keeps its own conformal calibration.
 """
 from __future__ import annotations
 
@@ -62,8 +64,13 @@ ACI_MAX_MOVE = 0.2
 ACI_REPUBLISH = 0.02
 #: a live factor this far (log units) from where the last retrain left it is a drift
 DRIFT_LOG = 0.1
-#: most recent stored rows per target that hand a large live correction over to a retrained model
+#: most recent stored rows per target that hand the live correction over to a retrained model
 LEVEL_ROWS = 500
+#: the live correction governs the level (a retrain is handed over by level) once this many
+#: live pairs of a target were seen, the last within FEEDBACK_FRESH_S; without live pairs
+#: (an EPP that reports no predictions) a retrained model keeps its own conformal level
+LEVEL_MIN_FEEDBACK = 100
+FEEDBACK_FRESH_S = 120.0
 #: sample weight of rows stored after a detected drift, and how long rows count as recent
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
@@ -161,6 +168,8 @@ class RetrainWorker:
         self.live_factor: dict[str, float] = {}
         self._aci: dict[str, float] = {}
         self._retrain_log: dict[str, float] = {}
+        self._feedback_total = {"ttft": 0, "tpot": 0}
+        self._feedback_at = {"ttft": -math.inf, "tpot": -math.inf}
         self._sync_live_factor(served.manifest if served.source == "learned" else {}, retrained=True)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -239,6 +248,8 @@ class RetrainWorker:
             actual, predicted = self.metrics.take_feedback(t)  # drained even when unused
             if t not in targets or not len(actual):
                 continue
+            self._feedback_total[t] += len(actual)
+            self._feedback_at[t] = time.monotonic()
             self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, q, ACI_STEP, ACI_MAX_MOVE)
             step = self._aci[t] - math.log(self.live_factor[t])
             if abs(step) > ACI_REPUBLISH:
@@ -364,16 +375,19 @@ class RetrainWorker:
                            served=served_scores)
 
     def _hand_over(self, result: trainer.TrainResult, ts) -> None:
-        """Carry the live correction over to the candidate's models: a small one as it is, a
-        large one (a drift the candidate has partly absorbed) by matching the served level on
-        the most recent stored rows."""
+        """Carry the live correction over to the candidate's models. While live pairs keep it
+        up to date, by level: the candidate is scaled to the served model's level on the most
+        recent stored rows (a drift it has partly absorbed is not counted twice); otherwise the
+        live factor is applied as it is (1 when no live pair was ever seen)."""
         served = self.registry.served
         base = None
         for t in result.models:
             if t not in result.calibration:
                 continue
             f = self.live_factor.get(t, 1.0)
-            if served.source == "learned" and served.has_model(t):
+            live = (self._feedback_total[t] >= LEVEL_MIN_FEEDBACK
+                    and time.monotonic() - self._feedback_at[t] <= FEEDBACK_FRESH_S)
+            if live and served.source == "learned" and served.has_model(t):
                 raw = _recent_rows(ts, t, LEVEL_ROWS)
                 if len(raw):
                     base = base or trainer.loaded_bundle(result)
