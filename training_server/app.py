@@ -179,6 +179,8 @@ class TrainingService:
         feedback: dict[str, list] = {t: [] for t in TARGETS}
         served = self.registry.served.version
         for e in valid:
+            if e.predicted_ttft_ms <= 0 and e.predicted_tpot_ms <= 0:
+                continue  # no prediction reported (e.g. an upstream EPP): nothing to score
             pairs = [(t, a, p) for t, a, p in (("ttft", e.actual_ttft_ms, e.predicted_ttft_ms),
                                                ("tpot", e.actual_tpot_ms, e.predicted_tpot_ms)) if p > 0 and a > 0]
             if not pairs:

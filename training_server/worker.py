@@ -23,7 +23,7 @@ settle at 1 - quantile. When the factor has moved more than ``ACI_REPUBLISH`` si
 last published, the served models are republished at once with their calibration scaled by
 the change: no training, a new version the prediction servers pick up at their next poll. A
 drift the features cannot see (e.g. slower GPUs) is thus corrected within a few hundred
-live pairs, and noise moves the factor by about a percent.
+live pairs, and noise moves the factor by a few percent.
 
 When the factor has moved more than ``DRIFT_LOG`` from where the last retrain left it, that
 is a drift: the rows from then on count as recent (weight ``RECENT_WEIGHT`` in model fit and
@@ -47,6 +47,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from features.matrix import TARGETS
+
 from . import calibration, trainer
 from .metrics import TrainingMetrics
 from .registry import Registry
@@ -54,8 +56,8 @@ from .store import SampleStore
 
 log = logging.getLogger("training_server.worker")
 
-#: adaptive-conformal step per live pair (log units): a x1.5 slowdown is corrected within
-#: about 400 pairs (15 s of traffic at 25 pairs/s), noise moves the factor by about 1%
+#: adaptive-conformal step per live pair (log units): a x1.5 slowdown is corrected within a
+#: few hundred pairs (about 13 s of traffic at 25 pairs/s), noise moves the factor by a few %
 ACI_STEP = 0.02
 #: largest move of the live factor in one cycle (log units): the pairs of one cycle were all
 #: predicted with an older factor, so a long cycle (a retrain) must not add them all up
@@ -75,8 +77,6 @@ FEEDBACK_FRESH_S = 120.0
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
 
-
-TARGET_INDEX = {"ttft": 0, "tpot": 1}
 
 
 def _recent_rows(ts, target: str, n: int) -> np.ndarray:
@@ -168,9 +168,9 @@ class RetrainWorker:
         self.live_factor: dict[str, float] = {}
         self._aci: dict[str, float] = {}
         self._retrain_log: dict[str, float] = {}
-        self._feedback_total = {"ttft": 0, "tpot": 0}
-        self._feedback_at = {"ttft": -math.inf, "tpot": -math.inf}
-        self._sync_live_factor(served.manifest if served.source == "learned" else {}, retrained=True)
+        self._feedback_total = {t: 0 for t in TARGETS}
+        self._feedback_at = {t: -math.inf for t in TARGETS}
+        self._sync_live_factor(served.manifest if served.source == "learned" else {})
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -227,14 +227,13 @@ class RetrainWorker:
             return max(1, self.min_new // 4), "drift (live recalibration) not yet retrained on"
         return self.min_new, ""
 
-    def _sync_live_factor(self, manifest, *, retrained: bool) -> None:
+    def _sync_live_factor(self, manifest) -> None:
+        """Take the live factors of a newly served (retrained or loaded) bundle's manifest."""
         cal = manifest.get("calibration") or {}
-        for t in ("ttft", "tpot"):
+        for t in TARGETS:
             f = float((cal.get(t) or {}).get("live_factor", 1.0))
             self.live_factor[t] = f
-            self._aci[t] = math.log(f)
-            if retrained:
-                self._retrain_log[t] = math.log(f)
+            self._aci[t] = self._retrain_log[t] = math.log(f)
 
     def recalibrate(self) -> CycleReport | None:
         """Move the live factors by the live pairs that arrived since the last cycle, and
@@ -244,7 +243,7 @@ class RetrainWorker:
         targets = list(served.manifest.get("models") or {}) if served.source == "learned" else []
         q = served.quantile
         changed: dict[str, float] = {}
-        for t in ("ttft", "tpot"):
+        for t in TARGETS:
             actual, predicted = self.metrics.take_feedback(t)  # drained even when unused
             if t not in targets or not len(actual):
                 continue
@@ -370,7 +369,7 @@ class RetrainWorker:
         bundle = self.registry.publish(manifest, files)
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         self.metrics.set_heldout(cand_scores)
-        self._sync_live_factor(bundle.manifest, retrained=True)
+        self._sync_live_factor(bundle.manifest)
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
 
@@ -391,7 +390,7 @@ class RetrainWorker:
                 raw = _recent_rows(ts, t, LEVEL_ROWS)
                 if len(raw):
                     base = base or trainer.loaded_bundle(result)
-                    i = TARGET_INDEX[t]
+                    i = TARGETS.index(t)
                     f = calibration.level_factor(served.predict(raw)[i], base.predict(raw)[i])
             if f != 1.0:
                 result.calibration[t] = calibration.scale_spec(result.calibration[t], f)
