@@ -8,9 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from features.bundle import read_bundle
 from features.schema import parse_training_entry
-from prediction_server.model import LoadedBundle
 from training_server import calibration, trainer as trainer_mod
 from training_server.store import entries_to_rows
 from training_server.testing import load_entries
