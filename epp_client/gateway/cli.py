@@ -43,6 +43,27 @@ def make_router(settings: GatewaySettings):
     return EppRouter.from_settings(settings)
 
 
+def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:
+    """What the gateway prints once it listens: where, what it routes to, which predictor."""
+    from .core import ROUTES
+
+    lines = [f"[gateway] listening on {url} (POST {', '.join(ROUTES)}; "
+             "GET /metrics, /healthz, /gateway/endpoints, /gateway/requests)",
+             f"[gateway] endpoints ({len(settings.endpoints)}): {', '.join(settings.endpoints)}"]
+    if settings.config is None:
+        lines.append(f"[gateway] routing: built-in least-load router ({router.name}; no --config)")
+        lines.append("[gateway] predictor: none (the built-in router uses no predictions)")
+        return lines
+    lines.append(f"[gateway] routing: epp_client scheduler from {settings.config}")
+    if getattr(router.scheduler, "producer", None) is None:
+        lines.append("[gateway] predictor: none (the config has no predicted-latency producer)")
+    else:
+        servers = ", ".join(a.url for a in router.predictor.servers)
+        lines.append(f"[gateway] predictor: prediction servers {servers}; "
+                     f"training server {router.reporter.addr.url}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     objectives: dict[str, int] = {}
@@ -68,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper())
     gw = Gateway(settings, router)
-    uvicorn.run(build_app(gw), host=settings.host, port=settings.port, log_level=args.log_level,
-                lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(build_app(gw), host=settings.host, port=settings.port, log_level=args.log_level,
+                            lifespan="on", timeout_graceful_shutdown=5)
+    sock = config.bind_socket()  # bound here so the printed URL carries the real port (even for --port 0)
+    sock.listen(2048)  # connections made from now on wait in the backlog until the server accepts
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    for line in startup_lines(settings, router, url):
+        print(line, flush=True)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
     return 0

@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from .metrics import GatewayMetrics
+from .downstream import ClientWatch, Disconnected, TooLarge, read_body
 from .prefix import PrefixIndex
 from .prompt import BodyError, block_hashes, extract_prompt, slo_header
 from .router import BuiltinRouter, Candidate, Decision, Outcome, RequestInfo, Router
@@ -164,10 +165,10 @@ class Gateway:
         chat = ROUTES[path]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            raw = await _read_body(receive, self.settings.max_body_bytes)
-        except _TooLarge:
+            raw = await read_body(receive, self.settings.max_body_bytes)
+        except TooLarge:
             return await self._error(send, 413, "body", f"larger than {self.settings.max_body_bytes} bytes", path)
-        except _Disconnected:
+        except Disconnected:
             self.metrics.disconnects.labels(stage="request").inc()
             return
         try:
@@ -185,44 +186,25 @@ class Gateway:
                                                           "type": "rate_limit"}}, path,
                                     extra=[(b"retry-after", b"1")])
         async with self._sem:
-            task = asyncio.current_task()
-            gone = asyncio.Event()
-
-            async def watch() -> None:
-                while True:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        gone.set()
-                        task.cancel()
-                        return
-
-            watcher = asyncio.create_task(watch())
-            started = False
-
-            async def tracked_send(msg) -> None:
-                nonlocal started
-                if msg["type"] == "http.response.start":
-                    started = True
-                await send(msg)
-
+            client = ClientWatch(receive, send)
             try:
-                await asyncio.wait_for(self._route_and_proxy(tracked_send, info, hashes, raw),
+                await asyncio.wait_for(self._route_and_proxy(client.send, info, hashes, raw),
                                        self.settings.request_timeout_s)
             except asyncio.CancelledError:
-                if not gone.is_set():
+                if not client.gone:
                     raise
-                task.uncancel()
+                asyncio.current_task().uncancel()
                 self.metrics.disconnects.labels(stage="response").inc()
             except MidStreamFailure as e:
                 log.info("upstream failed mid-stream, response cut: %s", e)
                 return  # returning before the final body message closes the client connection
             except asyncio.TimeoutError:
                 self.metrics.upstream_errors.labels(endpoint="*", stage="request-timeout").inc()
-                if started:
+                if client.started:
                     raise  # the client sees a truncated body, never a silent success
                 await self._error(send, 504, "upstream", "request timeout", path)
             finally:
-                watcher.cancel()
+                client.close()
 
     async def _route_and_proxy(self, send, info: RequestInfo, hashes: list[bytes], raw: bytes) -> None:
         path = info.path
@@ -392,30 +374,6 @@ class Gateway:
         first_seq = self.record_seq - len(recs)
         start = max(0, since - first_seq)
         return {"next": self.record_seq, "records": [asdict(r) for r in recs[start:]]}
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Disconnected(Exception):
-    pass
-
-
-async def _read_body(receive, limit: int) -> bytes:
-    parts: list[bytes] = []
-    n = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise _Disconnected
-        b = msg.get("body", b"")
-        n += len(b)
-        if n > limit:
-            raise _TooLarge
-        parts.append(b)
-        if not msg.get("more_body", False):
-            return b"".join(parts)
 
 
 async def _first_nonempty(it) -> bytes | None:
