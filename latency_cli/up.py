@@ -1,7 +1,10 @@
 """``latency-predictor up``: one training server and N prediction servers on loopback.
 
-The training server listens on ``--port`` (default 8000) and the prediction servers on
-the ports after it, each polling the training server for bundles. Ctrl-C (or SIGTERM)
+The training server listens on ``--port`` (else ``LATENCY_TRAINING_PORT``, else 8000) and
+the prediction servers on consecutive ports from ``--prediction-port`` (else
+``LATENCY_PREDICTION_PORT``, else the port after the training server's), each polling the
+training server for bundles. The data directory is ``--data-dir`` (else ``LATENCY_DATA_DIR``).
+The variables are parsed by the servers' own settings; a bad one is refused (exit 2) naming it. Ctrl-C (or SIGTERM)
 stops all of them; if one of them dies, the others are stopped too and the exit code is
 non-zero. Every child is a real server process started with the same console commands a
 deployment uses (``latency-training-server`` / ``latency-prediction-server``).
@@ -18,9 +21,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
-DEFAULT_PORT = 8000
-DEFAULT_DATA_DIR = "./latency-data"
 STARTUP_TIMEOUT_SEC = 60.0
 STOP_TIMEOUT_SEC = 10.0
 
@@ -33,13 +35,15 @@ class Child:
     proc: subprocess.Popen | None = None
 
 
-def build_children(host: str, port: int, count: int, data_dir: str) -> list[Child]:
+def build_children(host: str, port: int, count: int, data_dir: str,
+                   prediction_port: int | None = None) -> list[Child]:
     """The processes ``up`` runs, in start order (pure function: tested directly)."""
     train_url = f"http://{host}:{port}"
     children = [Child("training-server", train_url,
                       ["latency-training-server", "--host", host, "--port", str(port), "--data-dir", data_dir])]
+    first = port + 1 if prediction_port is None else prediction_port
     for i in range(1, count + 1):
-        p = port + i
+        p = first + i - 1
         children.append(Child(f"prediction-server-{i}", f"http://{host}:{p}",
                               ["latency-prediction-server", "--host", host, "--port", str(p),
                                "--training-server-url", train_url]))
@@ -82,24 +86,78 @@ def _stop(children: list[Child]) -> None:
             c.proc.wait()
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Flags, then the servers' own variables, then the defaults; ``port_source`` and
+    ``prediction_port_source`` say where each port came from."""
+    from prediction_server.settings import Settings as PredictionSettings, SettingsError as PredictionSettingsError
+    from training_server.settings import Settings as TrainingSettings, SettingsError as TrainingSettingsError
+
+    env = os.environ if environ is None else environ
     ap = argparse.ArgumentParser(prog="latency-predictor up", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help="training server port; prediction servers use the next N ports (default 8000)")
+    ap.add_argument("--port", type=int, help="training server port (else LATENCY_TRAINING_PORT, else 8000)")
+    ap.add_argument("--prediction-port", type=int, metavar="PORT",
+                    help="first prediction server port; the others follow it (else LATENCY_PREDICTION_PORT, "
+                         "else the port after the training server's)")
     ap.add_argument("--prediction-servers", type=int, default=1, metavar="N", help="number of prediction servers (default 1)")
-    ap.add_argument("--data-dir", default=os.environ.get("LATENCY_DATA_DIR", DEFAULT_DATA_DIR), help="sample store and bundles (default ./latency-data)")
+    ap.add_argument("--data-dir", help=f"sample store and bundles (else LATENCY_DATA_DIR, else {TrainingSettings.data_dir})")
     ap.add_argument("--host", default="127.0.0.1", help="bind address for every server (default 127.0.0.1)")
     args = ap.parse_args(argv)
-    if not 1 <= args.port <= 65535 - args.prediction_servers:
-        ap.error(f"--port {args.port} leaves no room for {args.prediction_servers} prediction server ports")
     if not 0 <= args.prediction_servers <= 64:
         ap.error("--prediction-servers must be between 0 and 64")
+    flags = {"LATENCY_TRAINING_PORT": ("--port", args.port), "LATENCY_DATA_DIR": ("--data-dir", args.data_dir)}
+    try:  # only the variables up reads: the children validate the rest themselves
+        ts = TrainingSettings.from_env({k: env[k] for k in flags if k in env}, port=args.port, data_dir=args.data_dir)
+    except TrainingSettingsError as e:
+        flag, given = flags[e.env]
+        ap.error(f"{flag}: {e.msg}" if given is not None else str(e))
+    args.port, args.data_dir = ts.port, str(ts.data_dir)
+    args.port_source = "--port" if flags["LATENCY_TRAINING_PORT"][1] is not None else (
+        "LATENCY_TRAINING_PORT" if env.get("LATENCY_TRAINING_PORT") else "default")
+    if args.prediction_port is not None:
+        args.prediction_port_source = "--prediction-port"
+    elif env.get("LATENCY_PREDICTION_PORT", "").strip():
+        args.prediction_port_source = "LATENCY_PREDICTION_PORT"
+        try:
+            args.prediction_port = PredictionSettings.from_env(
+                {"LATENCY_PREDICTION_PORT": env["LATENCY_PREDICTION_PORT"]}).port
+        except PredictionSettingsError as e:
+            ap.error(str(e))
+    else:
+        args.prediction_port, args.prediction_port_source = args.port + 1, "after the training port"
+    derived = args.prediction_port_source == "after the training port"
+    src = f"{args.port_source} {args.port}" if derived else f"{args.prediction_port_source} {args.prediction_port}"
+    last = args.prediction_port + args.prediction_servers - 1
+    if args.prediction_servers and args.prediction_port < 1:
+        ap.error(f"{src}: up starts prediction servers on fixed ports in 1-65535 (0 = any free port is not supported)")
+    if args.prediction_servers and last > 65535:
+        ap.error(f"{src} leaves no room for {args.prediction_servers} prediction server port(s) up to 65535")
+    if args.prediction_servers and args.prediction_port <= args.port <= last:
+        ap.error(f"{src}: prediction server ports {args.prediction_port}-{last} include the training server's "
+                 f"port {args.port} ({args.port_source})")
     return args
+
+
+def describe_ports(args: argparse.Namespace) -> list[str]:
+    """The ports ``up`` starts and where each came from."""
+    lines = [f"[up] training server on port {args.port} ({args.port_source})"]
+    n, first = args.prediction_servers, args.prediction_port
+    if n == 1:
+        lines.append(f"[up] prediction server on port {first} ({args.prediction_port_source})")
+    elif n > 1:
+        lines.append(f"[up] prediction servers on ports {first}-{first + n - 1} ({args.prediction_port_source})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    children = build_children(args.host, args.port, args.prediction_servers, args.data_dir)
+    try:
+        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"latency-predictor up: --data-dir {args.data_dir}: cannot create it: {e.strerror}", file=sys.stderr)
+        return 2
+    children = build_children(args.host, args.port, args.prediction_servers, args.data_dir, args.prediction_port)
+    for line in describe_ports(args):
+        print(line, flush=True)
     stopping = False
 
     def on_signal(signum, _frame):

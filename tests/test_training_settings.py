@@ -58,3 +58,18 @@ def test_cli_exits_2_naming_the_bad_setting(monkeypatch, capsys):
     monkeypatch.delenv("LATENCY_OBJECTIVE_TYPE")
     assert main(["--port", "not-a-port"]) == 2
     assert "LATENCY_TRAINING_PORT" in capsys.readouterr().err
+
+
+def test_data_dir_that_is_a_file_is_refused_at_start_up(tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    for bad in (a_file, a_file / "below"):
+        with pytest.raises(SettingsError) as e:
+            Settings.from_env({"LATENCY_DATA_DIR": str(bad)})
+        assert e.value.env == "LATENCY_DATA_DIR" and "not a directory" in str(e.value)
+    # a directory still to be created is fine
+    assert Settings.from_env({"LATENCY_DATA_DIR": str(tmp_path / "new" / "dir")}).data_dir == tmp_path / "new" / "dir"
+    monkeypatch.setenv("LATENCY_DATA_DIR", str(a_file))
+    assert main(["--port", "8123"]) == 2
+    err = capsys.readouterr().err
+    assert "LATENCY_DATA_DIR" in err and str(a_file) in err and "Traceback" not in err

@@ -1,19 +1,21 @@
 """``latency-predictor up``: the README's first command starts a wired pair and stops cleanly."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 
 import httpx
+import pytest
 
 from conftest import REPO, free_port
 from latency_cli.up import build_children, parse_args
 
 
 def test_children_follow_the_port_contract():
-    children = build_children("127.0.0.1", 9000, 3, "/tmp/d")
+    children = build_children("127.0.0.1", 9000, 3, "/tmp/d", 9001)
     assert [c.url for c in children] == [f"http://127.0.0.1:{p}" for p in (9000, 9001, 9002, 9003)]
     assert children[0].argv == ["latency-training-server", "--host", "127.0.0.1", "--port", "9000", "--data-dir", "/tmp/d"]
     for c in children[1:]:
@@ -22,19 +24,66 @@ def test_children_follow_the_port_contract():
 
 
 def test_bad_arguments_are_refused(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         parse_args(["--port", "65535", "--prediction-servers", "2"])
     assert "no room" in capsys.readouterr().err
 
 
+def test_ports_come_from_the_environment_unless_a_flag_is_given(tmp_path):
+    env = {"LATENCY_TRAINING_PORT": "9100", "LATENCY_PREDICTION_PORT": "9200"}
+    a = parse_args(["--prediction-servers", "2", "--data-dir", str(tmp_path)], env)
+    assert (a.port, a.prediction_port) == (9100, 9200)
+    children = build_children("127.0.0.1", a.port, 2, str(tmp_path), a.prediction_port)
+    assert [c.url for c in children] == ["http://127.0.0.1:9100", "http://127.0.0.1:9200", "http://127.0.0.1:9201"]
+    assert children[1].argv[children[1].argv.index("--port") + 1] == "9200"
+    a = parse_args(["--port", "9300", "--prediction-port", "9400", "--data-dir", str(tmp_path)], env)
+    assert (a.port, a.prediction_port) == (9300, 9400)  # flags win
+    a = parse_args(["--data-dir", str(tmp_path)], {"LATENCY_TRAINING_PORT": "9100"})
+    assert (a.port, a.prediction_port) == (9100, 9101)  # prediction servers follow the training port
+    a = parse_args(["--data-dir", str(tmp_path)], {})
+    assert (a.port, a.prediction_port) == (8000, 8001)
+
+
+@pytest.mark.parametrize("argv,env,named", [
+    ([], {"LATENCY_TRAINING_PORT": "http"}, "LATENCY_TRAINING_PORT"),
+    ([], {"LATENCY_PREDICTION_PORT": "0"}, "LATENCY_PREDICTION_PORT"),
+    ([], {"LATENCY_PREDICTION_PORT": "70000"}, "LATENCY_PREDICTION_PORT"),
+    (["--prediction-servers", "3"], {"LATENCY_TRAINING_PORT": "9001", "LATENCY_PREDICTION_PORT": "9000"},
+     "LATENCY_PREDICTION_PORT"),
+    (["--port", "9001", "--prediction-port", "9000", "--prediction-servers", "3"], {}, "--prediction-port"),
+])
+def test_bad_or_overlapping_ports_are_refused_naming_the_source(argv, env, named, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args([*argv, "--data-dir", str(tmp_path)], env)
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_data_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    a_file = tmp_path / "data"
+    a_file.write_text("not a directory")
+    for argv, env, named in ((["--data-dir", str(a_file)], {}, "--data-dir"),
+                             (["--data-dir", str(a_file / "sub")], {}, "--data-dir"),
+                             ([], {"LATENCY_DATA_DIR": str(a_file)}, "LATENCY_DATA_DIR")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv, env)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert named in err and "not a directory" in err and str(a_file) in err
+    # the real command: exit 2 and a message, no traceback
+    r = subprocess.run([sys.executable, "-m", "latency_cli.main", "up", "--data-dir", str(a_file)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--data-dir" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
-    # find a base port with two free ports after it
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "latency_cli.main", "up", "--port", str(port),
+    # the ports come from the servers' own variables (no --port flag); each base port
+    # is taken to have a free port after it
+    port, pport = free_port(), free_port()
+    env = dict(os.environ, LATENCY_TRAINING_PORT=str(port), LATENCY_PREDICTION_PORT=str(pport))
+    proc = subprocess.Popen([sys.executable, "-m", "latency_cli.main", "up",
                              "--prediction-servers", "2", "--data-dir", str(tmp_path / "data")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []
     try:
@@ -48,9 +97,11 @@ def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
                 break
         out = "".join(lines)
         assert "[up] ready" in out, out
-        assert f"PREDICTION_SERVER_URL=http://127.0.0.1:{port + 1},http://127.0.0.1:{port + 2}" in out
+        assert f"PREDICTION_SERVER_URL=http://127.0.0.1:{pport},http://127.0.0.1:{pport + 1}" in out
+        assert f"training server on port {port} (LATENCY_TRAINING_PORT)" in out
+        assert f"prediction servers on ports {pport}-{pport + 1} (LATENCY_PREDICTION_PORT)" in out
         with httpx.Client(timeout=5) as c:
-            for p in (port + 1, port + 2):
+            for p in (pport, pport + 1):
                 st = c.get(f"http://127.0.0.1:{p}/status").json()
                 assert st["training_server_url"] == f"http://127.0.0.1:{port}"
                 r = c.post(f"http://127.0.0.1:{p}/predict/bulk/strict", json={"requests": [
@@ -66,7 +117,7 @@ def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
             proc.kill()
             proc.wait()
     # every server is gone: the ports refuse connections
-    for p in (port, port + 1, port + 2):
+    for p in (port, pport, pport + 1):
         try:
             httpx.get(f"http://127.0.0.1:{p}/healthz", timeout=1)
             raise AssertionError(f"port {p} still answers after up stopped")

@@ -38,6 +38,7 @@ class SettingsError(ValueError):
 
     def __init__(self, env: str, msg: str) -> None:
         self.env = env
+        self.msg = msg
         super().__init__(f"{env}: {msg}")
 
 
@@ -95,6 +96,16 @@ def _path(v: Any) -> Path:
     return Path(s)
 
 
+def _data_dir(v: Any) -> Path:
+    """A directory, or a path the server can create one at (its nearest existing ancestor
+    is a directory): a file there would fail at start-up with a raw traceback."""
+    p = _path(v)
+    existing = next((q for q in (p, *p.parents) if q.exists() or q.is_symlink()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"{p} is not a directory" + ("" if existing == p else f" ({existing} is not one)"))
+    return p
+
+
 def _optional_token(v: Any) -> str | None:
     if v is None:
         return None
@@ -119,7 +130,7 @@ def _seed_path(v: Any) -> Path | None:
 _SPEC: dict[str, tuple[str, Callable[[Any], Any], Any]] = {
     "host": ("LATENCY_TRAINING_HOST", _host, "127.0.0.1"),
     "port": ("LATENCY_TRAINING_PORT", _int(1, 65535), 8000),
-    "data_dir": ("LATENCY_DATA_DIR", _path, "./latency-data"),
+    "data_dir": ("LATENCY_DATA_DIR", _data_dir, "./latency-data"),
     "model_type": ("LATENCY_MODEL_TYPE", _choice("xgboost", "lightgbm"), "xgboost"),
     "objective_type": ("LATENCY_OBJECTIVE_TYPE", _choice("quantile", "mean"), "quantile"),
     "quantile_alpha": ("LATENCY_QUANTILE_ALPHA", _float(0.0, 1.0, True, True), 0.9),
