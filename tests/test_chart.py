@@ -45,6 +45,7 @@ SIDECAR_SETS = {
     "alias-2-with-auth": {"latencyPredictor": {"predictionServerCount": 2, "auth": {"enabled": True, "token": "sidecar-token"}}},
     "bind-all-with-data-claim": {"latencyPredictor": {"sidecar": {"bindAddress": "0.0.0.0",
                                                                   "dataVolume": {"persistentVolumeClaim": {"claimName": "epp-data"}}},
+                                                      "auth": {"enabled": True, "token": "bind-all-token"},
                                                       "predictionServers": {"count": 4, "startPort": 8101}}},
 }
 
@@ -234,6 +235,18 @@ def test_sidecar_bound_to_all_interfaces_uses_http_probes(sidecar_renders):
     for c in training + prediction:
         assert _flag(c, "--host") == "0.0.0.0"
         assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": c["ports"][0]["containerPort"]}
+
+
+def test_sidecar_bound_to_all_interfaces_needs_the_token(epp_chart):
+    # loopback is the safe default; leaving it exposes every server on the pod IP, so
+    # the chart refuses to do that without auth
+    with pytest.raises(RenderError, match=r"sidecar.bindAddress 0.0.0.0 .*auth.enabled"):
+        render(epp_chart, {"latencyPredictor": {"sidecar": {"bindAddress": "0.0.0.0"}}})
+    objs = render(epp_chart, {"latencyPredictor": {"sidecar": {"bindAddress": "0.0.0.0"},
+                                                   "auth": {"enabled": True, "token": "bind-all-token"}}})
+    _, _, training, prediction = _sidecar_parts(objs)
+    assert {_flag(c, "--host") for c in training + prediction} == {"0.0.0.0"}
+    assert all("LATENCY_API_TOKEN" in env_of(c) for c in training + prediction)
 
 
 def test_sidecar_token_comes_from_the_rendered_secret(sidecar_renders):

@@ -309,6 +309,9 @@ latency-prediction-server --host H --port P --training-server-url URL.
 {{- if and (eq .mode "standalone") (eq $train $start) -}}
 {{- fail "training.port and predictionServers.startPort must differ" -}}
 {{- end -}}
+{{- if and (eq .mode "sidecar") (ne .sidecar.bindAddress "127.0.0.1") (not .auth.enabled) -}}
+{{- fail (printf "sidecar.bindAddress %s exposes the sidecar servers on the pod IP with no token: enable auth (auth.enabled) or keep 127.0.0.1, all the EPP in the same pod needs" .sidecar.bindAddress) -}}
+{{- end -}}
 {{- if and .auth.enabled (not .auth.existingSecret) (not .auth.token) -}}
 {{- fail "auth.enabled needs auth.existingSecret (recommended) or auth.token" -}}
 {{- end -}}
