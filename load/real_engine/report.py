@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from load.sim.report import legend_outside
+
 
 def _f(x, fmt="{:.0f}") -> str:
     return "–" if x is None else fmt.format(x)
@@ -67,7 +69,7 @@ def plots(out: Path, summaries: dict, records: dict) -> list[str]:
     plt.close(fig)
     names.append("policies.png")
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4), layout="constrained")
     for ax, tgt in zip(axes, ("ttft", "tpot")):
         hi = 1.0
         for p in pols:
@@ -84,9 +86,8 @@ def plots(out: Path, summaries: dict, records: dict) -> list[str]:
         ax.set_xlabel(f"predicted p90 {tgt.upper()} ms")
         ax.set_ylabel(f"measured {tgt.upper()} ms")
         ax.set_title(f"{tgt.upper()}: below the diagonal = covered")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+    if any(ax.get_legend_handles_labels()[0] for ax in axes):
+        legend_outside(fig, *axes)  # beside the panels: it never hides a point
     fig.savefig(out / "predictions.png", dpi=90)
     plt.close(fig)
     names.append("predictions.png")

@@ -70,22 +70,26 @@ def write_results(out: Path, scenario: str, seed: int, results: Mapping, meta: M
 
 
 def _fmt(x, kind: str) -> str:
+    """One format per column kind; latencies are stored in ms and shown in the header's unit."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
+    if kind == "s":  # ms -> seconds, to the millisecond
+        return f"{x / 1000:.3f}"
     if kind == "ms":
-        return f"{x / 1000:.2f} s" if x >= 10_000 else f"{x:.0f}"
+        return f"{x:.1f}"
     if kind == "pct":
         return f"{100 * x:.1f}%"
-    if kind == "rps":
-        return f"{x:.2f}"
-    if kind == "x":
+    if kind in ("rps", "x"):
         return f"{x:.2f}"
     return str(x)
 
 
-COLUMNS = (("TTFT p50", "ttft_p50_ms", "ms"), ("TTFT p90", "ttft_p90_ms", "ms"), ("TTFT p99", "ttft_p99_ms", "ms"),
-           ("TPOT p50", "tpot_p50_ms", "ms"), ("TPOT p90", "tpot_p90_ms", "ms"), ("TPOT p99", "tpot_p99_ms", "ms"),
-           ("E2E p50", "e2e_p50_ms", "ms"), ("E2E p90", "e2e_p90_ms", "ms"), ("SLO att.", "slo_attainment", "pct"),
+# (header, metric key, format): every latency column has one unit, named in its header
+COLUMNS = (("TTFT p50 (s)", "ttft_p50_ms", "s"), ("TTFT p90 (s)", "ttft_p90_ms", "s"),
+           ("TTFT p99 (s)", "ttft_p99_ms", "s"),
+           ("TPOT p50 (ms)", "tpot_p50_ms", "ms"), ("TPOT p90 (ms)", "tpot_p90_ms", "ms"),
+           ("TPOT p99 (ms)", "tpot_p99_ms", "ms"),
+           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"), ("SLO att.", "slo_attainment", "pct"),
            ("goodput rps", "goodput_rps", "rps"), ("thrpt rps", "throughput_rps", "rps"),
            ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"))
 
@@ -109,7 +113,8 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
              "- SLOs: " + "; ".join(meta.get("slo", [])) + ". SLO attainment = share of all arrivals meeting both "
              "(shed requests count as misses); goodput/throughput = requests per second from the first arrival "
              "to the last completion; prefix hit = cached share of prompt tokens at admission; imbalance = max/mean "
-             "over servers of tokens computed (uncached prompt + output); latencies in ms unless marked s.",
+             "over servers of tokens computed (uncached prompt + output); each latency column states its unit "
+             "(TTFT and E2E in seconds, TPOT in milliseconds).",
              ""]
     for load, per_policy in results.items():
         lines += [f"## Load {load} ({float(load) * 100:g}% of capacity)", "", table(per_policy), ""]
@@ -129,34 +134,68 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
 
 
 def write_plots(out: Path, results: Mapping, raw: Mapping) -> list[str]:
-    """Latency vs load, SLO attainment/goodput vs load, TTFT/TPOT CDFs per load."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Latency vs load, SLO attainment/goodput vs load, TTFT/TPOT CDFs per load (PNG files)."""
     files = []
+    for name, fig in figures(results, raw):
+        fig.savefig(out / name, dpi=90)
+        files.append(name)
+    return files
+
+
+def _log_axis(ax, which: str) -> None:
+    """Log scale labelled with plain numbers at 1-2-5 steps (decades only over a wide range,
+    every integer step over a narrow one); minor ticks unlabelled, so labels never crowd."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    decades = math.log10(hi / lo) if lo > 0 else math.inf
+    subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 0.6 else (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10.0, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_locator(LogLocator(base=10.0, subs="auto"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def legend_outside(fig, *axes) -> None:
+    """One legend for the figure (the labels of ``axes``), right of the panels, so it never
+    hides a point. The figure needs ``layout="constrained"``."""
+    entries: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
+
+
+def figures(results: Mapping, raw: Mapping) -> list[tuple[str, "Figure"]]:
+    """The report's figures (file name, matplotlib Figure), built without pyplot's global
+    state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables."""
+    from matplotlib.figure import Figure
+
+    out = []
     loads = list(results)
     policies = list(dict.fromkeys(p for per in results.values() for p in per))
     x = [float(l) for l in loads]
+    scale = {"ttft": 1000.0, "tpot": 1.0, "e2e": 1000.0}
+    unit = {"ttft": "s", "tpot": "ms", "e2e": "s"}
 
-    def series(pol, key):
-        return [results[l].get(pol, {}).get(key, float("nan")) for l in loads]
+    def series(pol, key, div=1.0):
+        return [results[l].get(pol, {}).get(key, float("nan")) / div for l in loads]
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (key, title) in zip(axes, (("ttft_p90_ms", "TTFT p90 (ms)"), ("tpot_p90_ms", "TPOT p90 (ms)"),
-                                       ("e2e_p90_ms", "E2E p90 (ms)"))):
+    fig = Figure(figsize=(16, 4.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, metric in zip(axes, ("ttft", "tpot", "e2e")):
         for pol in policies:
-            ax.plot(x, series(pol, key), marker="o", label=pol)
-        ax.set_yscale("log")
+            ax.plot(x, series(pol, f"{metric}_p90_ms", scale[metric]), marker="o", label=pol)
+        _log_axis(ax, "y")
         ax.set_xlabel("load (fraction of capacity)")
-        ax.set_title(title)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "latency_vs_load.png", dpi=90)
-    plt.close(fig)
-    files.append("latency_vs_load.png")
+        ax.set_title(f"{metric.upper()} p90 ({unit[metric]})")
+    legend_outside(fig, axes[0])
+    out.append(("latency_vs_load.png", fig))
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
     for pol in policies:
         axes[0].plot(x, [100 * v for v in series(pol, "slo_attainment")], marker="o", label=pol)
         axes[1].plot(x, series(pol, "goodput_rps"), marker="o", label=pol)
@@ -164,27 +203,22 @@ def write_plots(out: Path, results: Mapping, raw: Mapping) -> list[str]:
     axes[1].set_title("goodput (requests/s meeting SLOs)")
     for ax in axes:
         ax.set_xlabel("load (fraction of capacity)")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "slo_vs_load.png", dpi=90)
-    plt.close(fig)
-    files.append("slo_vs_load.png")
+    legend_outside(fig, axes[0])
+    out.append(("slo_vs_load.png", fig))
 
     for metric in ("ttft", "tpot"):
-        fig, axes = plt.subplots(1, len(loads), figsize=(4.2 * len(loads), 3.8), squeeze=False)
+        fig = Figure(figsize=(4.2 * len(loads) + 1.5, 3.8), layout="constrained")
+        axes = fig.subplots(1, len(loads), squeeze=False)
         for ax, load in zip(axes[0], loads):
             for pol in policies:
                 a = raw.get((load, pol), {}).get(metric)
                 if a is None or not len(a):
                     continue
-                s = np.sort(a)
+                s = np.sort(np.asarray(a, dtype=float)) / scale[metric]
                 ax.plot(s, np.arange(1, len(s) + 1) / len(s), label=pol)
-            ax.set_xscale("log")
+            _log_axis(ax, "x")
             ax.set_title(f"{metric.upper()} CDF, load {load}")
-            ax.set_xlabel("ms")
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{metric}_cdf.png", dpi=90)
-        plt.close(fig)
-        files.append(f"{metric}_cdf.png")
-    return files
+            ax.set_xlabel(f"{metric.upper()} ({unit[metric]})")
+        legend_outside(fig, axes[0][0])
+        out.append((f"{metric}_cdf.png", fig))
+    return out
