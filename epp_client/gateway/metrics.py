@@ -30,7 +30,9 @@ class GatewayMetrics:
                                  ["reason"], registry=r)
         self.admission_denied = Counter(p + "admission_denied_total", "Requests denied admission (429)",
                                         ["reason"], registry=r)
-        self.disconnects = Counter(p + "client_disconnects_total", "Client disconnects", ["stage"], registry=r)
+        self.disconnects = Counter(p + "client_disconnects_total",
+                                   "Clients gone before their response completed (request: while sending the body; "
+                                   "response: while it was produced)", ["stage"], registry=r)
         self.ttft = Histogram(p + "ttft_seconds", "Time to first token from dispatch (E2E when not streaming)",
                               ["endpoint"], buckets=LAT_BUCKETS, registry=r)
         self.tpot = Histogram(p + "tpot_seconds", "Average time per output token after the first",
