@@ -211,12 +211,12 @@ class SampleStore:
                     return
                 batch, n = [], 0
                 while self._jobs and (not batch or n + len(self._jobs[0].rows) <= MAX_ENTRIES_PER_COMMIT):
-                    job = self._jobs.pop(0)
-                    batch.append(job)
-                    n += len(job.rows)
-                    if job.kind == "flush":
+                    batch.append(self._jobs.pop(0))
+                    n += len(batch[-1].rows)
+                    if batch[-1].kind == "flush":
                         break
             self._run(batch)
+            del batch  # the committed rows are not kept while the writer waits
 
     def _release(self, batch: list[_Job]) -> None:
         """Free the batch's queue slots (before its futures resolve, so an acknowledged
