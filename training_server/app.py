@@ -19,6 +19,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from features.bundle import make_lineage
 from features.schema import FieldError, parse_row, parse_training_entry, row_json_schema, \
     training_entry_json_schema
 from features.matrix import TARGETS
@@ -77,6 +78,7 @@ class TrainingService:
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, run_worker: bool = True) -> None:
         self.store.open()
+        self.registry.lineage = make_lineage(self.store.store_id, self.store.created_at)
         bundle = self.registry.load(self.settings.seed_bundle)
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         if bundle.source == "learned":
