@@ -225,9 +225,15 @@ def validate_lineage(lineage: Any, now: float | None = None) -> tuple[str, float
 
 def verify_file(data: bytes, spec: Mapping, name: str = "") -> None:
     """Raise BundleError unless ``data`` matches the manifest entry's size and sha256."""
-    if len(data) != spec["size"]:
-        raise BundleError(f"{name or spec['file']}: size {len(data)} != manifest {spec['size']}")
-    if sha256_bytes(data) != spec["sha256"]:
+    verify_digest(len(data), sha256_bytes(data), spec, name)
+
+
+def verify_digest(size: int, sha256: str, spec: Mapping, name: str = "") -> None:
+    """Raise BundleError unless a file's size and sha256 (computed while streaming it)
+    match the manifest entry."""
+    if size != spec["size"]:
+        raise BundleError(f"{name or spec['file']}: size {size} != manifest {spec['size']}")
+    if sha256 != spec["sha256"]:
         raise BundleError(f"{name or spec['file']}: sha256 mismatch")
 
 

@@ -1,14 +1,14 @@
 """Bundle sync: keep the served bundle up to date, never worse than the last good one.
 
 Two sources, checked in this order on every poll:
-- a local bundle directory (``LATENCY_BUNDLE_DIR``, e.g. a shared volume): the newest
-  complete bundle newer than the served one (``features.bundle.list_bundles`` /
+- a local bundle directory (``LATENCY_BUNDLE_DIR``, e.g. a shared volume): the best
+  complete bundle the acceptance rule takes (``features.bundle.list_bundles`` /
   ``read_bundle``, which verify size and sha256);
 - the training server (``TRAINING_SERVER_URL``): ``GET /v1/bundles/latest`` with
   ``If-None-Match``, then ``GET /v1/bundles/{version}/{file}`` for each model file,
   bounded in size (the manifest's size, and ``LATENCY_MAX_BUNDLE_BYTES`` for the whole
   bundle), decoding and time (``prediction_server.download``), streamed to a temporary
-  file and verified with ``features.bundle.verify_file``.
+  file and verified with ``features.bundle.verify_digest``.
 
 Only bundles the acceptance rule (``prediction_server.acceptance``: lineage, version,
 learned over prior-only) would serve are fetched at all. A verified bundle is loaded
@@ -22,6 +22,7 @@ coalesces concurrent reloads into one sync in a worker thread).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import tempfile
@@ -34,7 +35,7 @@ import httpx
 import orjson
 
 from features.bundle import (BundleError, declared_bytes, list_bundles, read_bundle, read_manifest, validate_manifest,
-                             verify_file, version_seq)
+                             verify_digest, version_seq)
 
 from .acceptance import Rank
 from .download import SyncFailure, bounded_get
@@ -48,6 +49,18 @@ log = logging.getLogger("prediction_server.sync")
 MAX_MANIFEST_BYTES = 1 << 20
 #: Upper bound of the retry backoff, in seconds (and at most 8 poll intervals).
 MAX_BACKOFF_SEC = 60.0
+
+
+class _HashingSink:
+    """A file-like sink that hashes what it writes."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.f.write(data)
 
 
 class BundleSync:
@@ -197,20 +210,21 @@ class BundleSync:
         return None if n is None else buf.getvalue()
 
     def _fetch_file(self, path: str, spec: dict, deadline: float, name: str) -> bytes:
-        """A model file, streamed to a temporary file (at most its declared size), verified."""
+        """A model file, streamed to a temporary file (at most its declared size) and hashed
+        on the way; read back into memory only once verified."""
         with tempfile.TemporaryFile(prefix="bundle-") as f:
-            n = bounded_get(self._http(), path, spec["size"], deadline, f)
+            sink = _HashingSink(f)
+            n = bounded_get(self._http(), path, spec["size"], deadline, sink)
             if n is None:
                 raise SyncFailure("http_status", f"GET {path}: unexpected 304", 304)
             if n < spec["size"]:
                 raise SyncFailure("truncated", f"{path}: {n} bytes, manifest says {spec['size']}")
+            try:
+                verify_digest(n, sink.sha256.hexdigest(), spec, name)
+            except BundleError as e:
+                raise SyncFailure("checksum", str(e)) from None
             f.seek(0)
-            data = f.read()
-        try:
-            verify_file(data, spec, name)
-        except BundleError as e:
-            raise SyncFailure("checksum", str(e)) from None
-        return data
+            return f.read()
 
     def _sync_remote(self) -> str | None:
         if not self._url:
