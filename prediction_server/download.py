@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import httpx
 
@@ -31,19 +31,24 @@ class SyncFailure(Exception):
 
 
 class _Gunzip:
-    """gzip decoding that never produces more than ``room + 1`` bytes per call."""
+    """gzip decoding in pieces of at most STEP bytes, never past ``room + 1`` in all."""
+
+    STEP = 1024 * 1024
 
     def __init__(self) -> None:
         self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
 
-    def feed(self, data: bytes, room: int) -> bytes:
-        try:
-            out = self._z.decompress(data, room + 1)
-        except zlib.error as e:
-            raise SyncFailure("bad_encoding", f"gzip body does not decode: {e}") from None
-        if self._z.unconsumed_tail and len(out) <= room:  # cannot happen with max_length > room
-            raise SyncFailure("bad_encoding", "gzip decoder stalled")
-        return out
+    def feed(self, data: bytes, room: int) -> Iterator[bytes]:
+        while data:
+            try:
+                out = self._z.decompress(data, min(self.STEP, room + 1))
+            except zlib.error as e:
+                raise SyncFailure("bad_encoding", f"gzip body does not decode: {e}") from None
+            data = self._z.unconsumed_tail
+            room -= len(out)
+            yield out
+            if room < 0:
+                return
 
 
 def bounded_get(client: httpx.Client, path: str, limit: int, deadline: float, sink: BinaryIO,
@@ -68,11 +73,11 @@ def bounded_get(client: httpx.Client, path: str, limit: int, deadline: float, si
                 raise SyncFailure("bad_encoding", f"GET {path}: unsupported Content-Encoding {encoding[:40]!r}")
             size = 0
             for raw in resp.iter_raw(CHUNK):
-                data = raw if decoder is None else decoder.feed(raw, limit - size)
-                size += len(data)
-                if size > limit:
-                    raise SyncFailure("too_large", f"GET {path}: more than {limit} bytes")
-                sink.write(data)
+                for data in ((raw,) if decoder is None else decoder.feed(raw, limit - size)):
+                    size += len(data)
+                    if size > limit:
+                        raise SyncFailure("too_large", f"GET {path}: more than {limit} bytes")
+                    sink.write(data)
                 if time.monotonic() > deadline:
                     raise SyncFailure("timeout", f"GET {path}: download exceeded its deadline")
             return size
