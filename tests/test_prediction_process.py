@@ -73,8 +73,8 @@ class HostileBundleServer:
                 self._head({"Content-Encoding": "gzip", "Content-Length": str(len(body))})
                 self.wfile.write(body)
 
-            def _lying(self) -> None:  # says 1000 bytes, then never stops
-                self._head({"Content-Length": "1000"})
+            def _lying(self) -> None:  # says 1000 bytes (or a terabyte), then never stops
+                self._head({"Content-Length": "1000" if outer.mode == "file_lying" else str(1 << 40)})
                 sent = 0
                 while sent < ENDLESS_CAP:
                     self.wfile.write(bytes(256 * 1024))
@@ -95,7 +95,8 @@ class HostileBundleServer:
                         body = json.dumps(m).encode()
                         self._head({"Content-Type": "application/json", "Content-Length": str(len(body))})
                         return self.wfile.write(body)
-                    {"file_bomb": self._bomb, "file_endless": self._endless, "file_lying": self._lying}[mode]()
+                    {"file_bomb": self._bomb, "file_endless": self._endless, "file_lying": self._lying,
+                     "file_huge_length": self._lying}[mode]()
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client hung up: what it should do
 
@@ -131,6 +132,7 @@ ATTACKS = [
     ("file_bomb", 30, {"too_large"}),  # declared within it: downloaded, cut at the declared size
     ("file_endless", 30, {"too_large"}),
     ("file_lying", 30, {"truncated", "network"}),
+    ("file_huge_length", 30, {"too_large"}),  # refused on its Content-Length
 ]
 
 
