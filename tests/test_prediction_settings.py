@@ -26,7 +26,7 @@ def test_defaults():
     assert s.sync_interval_sec == 5 and s.refuse_without_model is False and s.api_token is None
     assert s.max_body_bytes == 4194304 and s.max_batch_rows == 10000 and s.quantile_alpha == 0.9
     assert s.log_level == "info" and s.enable_bench_routes is False and s.access_log is False
-    assert s.sync_timeout_sec == 10
+    assert s.sync_timeout_sec == 10 and s.max_bundle_bytes == 64 * 1024 * 1024
 
 
 def test_env_and_overrides():
@@ -51,7 +51,8 @@ def test_env_and_overrides():
     ("LATENCY_REFUSE_WITHOUT_MODEL", "maybe"), ("LATENCY_MAX_BODY_BYTES", "10"),
     ("LATENCY_MAX_BATCH_ROWS", "0"), ("LATENCY_QUANTILE_ALPHA", "1"), ("LATENCY_QUANTILE_ALPHA", "nan"),
     ("LATENCY_LOG_LEVEL", "loud"), ("LATENCY_PREDICTION_HOST", "a b"), ("LATENCY_API_TOKEN", "short"),
-    ("LATENCY_API_TOKEN", " padded-token "),
+    ("LATENCY_API_TOKEN", " padded-token "), ("LATENCY_MAX_BUNDLE_BYTES", "1000"),
+    ("LATENCY_MAX_BUNDLE_BYTES", "lots"), ("LATENCY_MAX_BUNDLE_BYTES", str(2 << 30)),
 ])
 def test_bad_values_name_the_variable(env, value):
     with pytest.raises(SettingsError) as e:
