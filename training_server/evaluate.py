@@ -62,10 +62,12 @@ class Trace:
 
 def read_trace(path: str | Path) -> Trace:
     """Parse a JSONL trace of training entries; TraceError on the first malformed line."""
+    from load.data import open_data
+
     path = Path(path)
     rows, ttft, tpot, ts, pt, pp = [], [], [], [], [], []
     try:
-        fh = path.open("rb")
+        fh = open_data(path, binary=True)
     except OSError as e:
         raise TraceError(f"{path}: cannot open: {e.strerror or e}") from None
     with fh:
@@ -90,7 +92,8 @@ def read_trace(path: str | Path) -> Trace:
             pp.append(e.predicted_tpot_ms)
     if not rows:
         raise TraceError(f"{path}: no training entries")
-    name = path.name[:-6] if path.name.endswith(".jsonl") else path.stem
+    base = path.name[:-3] if path.name.endswith(".gz") else path.name
+    name = base[:-6] if base.endswith(".jsonl") else Path(base).stem
     f = lambda v: np.asarray(v, dtype=np.float64)  # noqa: E731
     return Trace(name, np.asarray(rows, dtype=np.float64), f(ttft), f(tpot), f(ts), f(pt), f(pp))
 
