@@ -1,4 +1,4 @@
-"""Prediction-server speed benchmark (evaluation.md §2).
+"""Prediction-server speed benchmark (docs/evaluation.md §2).
 
     python -m load.bench_predict [--seconds 10] [--repeats 3] [--rows 16,64] [--concurrency 1,8,32]
                                  [--model xgboost] [--out results.json] [--no-swap-check]

@@ -1,4 +1,4 @@
-"""HTTP layer of the training server (wire-api.md §1.3 and §2): thin over plain objects.
+"""HTTP layer of the training server (docs/wire-api.md §1.3 and §2): thin over plain objects.
 
 :class:`TrainingService` holds the store, registry, worker and metrics and does the work
 (testable without a server); :func:`create_app` maps routes onto it. Bodies are parsed

@@ -1,4 +1,4 @@
-"""``latency-predictor evaluate``: the offline accuracy protocol of evaluation.md §1.
+"""``latency-predictor evaluate``: the offline accuracy protocol of docs/evaluation.md §1.
 
 For each trace (JSONL of training entries in the wire format; a zero target means absent)
 and each seed, the rows are split at random 90/10; the 90 goes through the production
@@ -284,7 +284,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="latency-predictor evaluate",
                                 description="Accuracy of the production training path vs the reference recipe "
-                                            "(evaluation.md §1) on recorded traces of training entries.")
+                                            "(docs/evaluation.md §1) on recorded traces of training entries.")
     p.add_argument("traces", nargs="+", metavar="TRACE.jsonl")
     p.add_argument("--seeds", type=int, default=10, help="random 90/10 splits (default 10)")
     p.add_argument("--quantile", type=float, default=0.9)
