@@ -136,3 +136,18 @@ def test_policies_run_on_a_lora_scenario_and_history_tracks_dispatches():
             # every request completed: nothing is left counted
             assert all(not scorer.history.adapters(e.name) for e in router.endpoints)
     assert all(0 < m["slo_attainment"] <= 1 for m in out.values())
+
+
+def test_seeds_aggregate_mean_and_std_and_cli_validation(capsys):
+    from load.sim.seeds import aggregate, table
+    from load.simulate_cli import main
+
+    per_seed = {"0.5": {"p": [{"slo_attainment": 0.8, "ttft_p90_ms": 100.0, "note": "x"},
+                              {"slo_attainment": 0.6, "ttft_p90_ms": float("nan"), "note": "y"}]}}
+    agg = aggregate(per_seed)["0.5"]["p"]
+    assert agg["slo_attainment"]["mean"] == pytest.approx(0.7)
+    assert agg["slo_attainment"]["std"] == pytest.approx(0.1414, abs=1e-3)
+    assert agg["ttft_p90_ms"] == {"mean": 100.0, "std": 0.0, "n": 1} and "note" not in agg
+    assert "| p | 70.0 ± 14.1% |" in table({"p": agg})
+    assert main(["--scenario", "multi-lora", "--seeds", "0"]) == 2
+    assert "--seeds" in capsys.readouterr().err

@@ -52,12 +52,13 @@ class PrefixIndex:
             n = 0
             counting = True
             for h in hashes:
-                if counting and h in lru:
-                    n += 1
+                if h in lru:
+                    if counting:
+                        n += 1
+                    lru.move_to_end(h)
                 else:
                     counting = False
-                lru[h] = None
-                lru.move_to_end(h)
+                    lru[h] = None       # a new key goes to the most recent end already
             while len(lru) > self.capacity:
                 lru.popitem(last=False)
             self.lookups += 1
