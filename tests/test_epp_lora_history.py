@@ -77,6 +77,9 @@ def test_lifecycle_counts_complete_and_abort_floor_at_zero():
     h.dispatched("2", "e", "sql")          # the same request twice counts once
     h.dispatched("3", "e", "")             # no adapter: nothing to remember
     assert h.count("e", "sql") == 2 and h.adapters("e") == {"sql"}
+    h.dispatched("2", "f", "sql")          # retried on another endpoint: the count moves
+    assert (h.count("e", "sql"), h.count("f", "sql")) == (1, 1)
+    h.dispatched("2", "e", "sql")
     h.released("1")
     assert h.count("e", "sql") == 1
     h.released("1")                        # released twice: floored, the other request still counts

@@ -1,7 +1,8 @@
 """What the router itself sent where: per (endpoint, adapter), the requests it dispatched
 there that are still running (the request-history half of ``lora-affinity-scorer``).
 
-- ``dispatched(request_id, endpoint, adapter)``: +1 (pre-request);
+- ``dispatched(request_id, endpoint, adapter)``: +1 (pre-request); a request dispatched
+  again (a gateway retry on another endpoint) moves its count there;
 - ``released(request_id)``: -1, floored at 0 (completion or abort); unknown ids are ignored;
 - ``reconcile(endpoints)``: compares the counts with the scraped adapter metrics. A count
   the metrics showed neither running nor waiting at two consecutive reconciles is reset
@@ -37,8 +38,9 @@ class LoraRequestHistory:
 
     # -- lifecycle ----------------------------------------------------------------------
     def dispatched(self, request_id: str, endpoint: str, adapter: str) -> None:
-        if not adapter or request_id in self._requests:
+        if not adapter or self._requests.get(request_id) == (endpoint, adapter):
             return
+        self.released(request_id)
         per = self._counts.setdefault(endpoint, {})
         per[adapter] = per.get(adapter, 0) + 1
         self._requests[request_id] = (endpoint, adapter)
