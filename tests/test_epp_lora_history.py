@@ -91,7 +91,8 @@ def test_lifecycle_counts_complete_and_abort_floor_at_zero():
 
 def test_scheduler_lifecycle_counts_dispatch_complete_and_abort():
     scorer = hist_scorer()
-    sched = Scheduler(profiles=[SchedulingProfile("default", [], [(scorer, 1.0)], MaxScorePicker(rng=random.Random(1)))])
+    picker = MaxScorePicker(rng=random.Random(1))
+    sched = Scheduler(profiles=[SchedulingProfile("default", [], [(scorer, 1.0)], picker)])
     eps = [ep("a", max_lora=4), ep("b", max_lora=4)]
     r1 = req("sql", "r1")
     res = sched.schedule(r1, eps, now=0.0)

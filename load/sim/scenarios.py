@@ -80,7 +80,8 @@ _add(Scenario("llama70b", "Mooncake conversation trace (first 4,000 requests) on
 
 # multi-LoRA (docs/multi-lora.md): one base model, adapters in 4 slots per server
 _add(Scenario("multi-lora", "first 2,000 requests of the Mooncake conversation trace (real arrivals) on 8 "
-              "Llama-3-8B / A100 servers with 4 LoRA slots each; adapters drawn Zipf-like (1/k) from 32",
+              "Llama-3-8B / A100 servers with 4 LoRA slots each; one adapter per conversation, drawn Zipf-like "
+              "(1/k) from 32",
               _mooncake("conversation", 2000), _pool("llama3-8b-a100", 8),
               lora=LoraSetup(LoraSpec(max_loras=4), zipf_adapters(32))))
 _add(Scenario("lora-spike", "a fresh pool (no adapter loaded) of 8 Llama-3-8B / A100 servers with 4 LoRA slots "
