@@ -11,11 +11,11 @@ from .engine import ClusterConfig, Simulation
 from .report import summarize
 from .lora_v1 import LoraV1Router
 from .routers import NATIVE as _NATIVE
+from .scenarios import Scenario
 
 #: multi-LoRA policies (docs/multi-lora.md): the v1 baseline here, the llm-d ones in epp_routers
 LORA_EPP_POLICIES = ("llmd-lora", "llmd-lora-history", "predicted-lora-history")
 NATIVE = {**_NATIVE, "lora-v1": LoraV1Router}
-from .scenarios import Scenario
 
 EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted", *LORA_EPP_POLICIES)
 

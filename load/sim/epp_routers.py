@@ -280,7 +280,9 @@ def make(policy: str, opts, n_servers: int) -> EppRouter:
             f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s"
         return EppRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=(
             ("predicted latency, well-known config predicted-latency-slo (streaming producer, affinity filters, "
-             "SLO tier filter, latency scorer, weighted-random picker)" if not opts.epp_config else
+             "SLO tier filter, latency scorer, weighted-random picker)"
+             + (" plus lora-affinity-scorer (requestHistory: true, weight 1)"
+                if policy == "predicted-lora-history" else "") if not opts.epp_config else
              "predicted latency with a user EndpointPickerConfig (--epp-config)")
             + f"; {recipe} recipe; {where}"))
     raise ValueError(f"unknown epp policy {policy!r}")
