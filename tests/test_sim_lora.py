@@ -80,11 +80,11 @@ def test_full_slots_make_adapters_wait_and_later_requests_go_first():
 
 def test_lru_eviction_of_idle_adapters():
     s = AdapterSlots(LoraSpec(max_loras=2, load_ms=10.0, step_ms=0.0, mix_ms=0.0))
-    assert s.step_extra_ms({"a"}) == 10.0 and s.step_extra_ms({"b"}) == 10.0
-    assert s.step_extra_ms({"a"}) == 0.0                  # resident: a is now the most recent
-    assert s.step_extra_ms({"c"}) == 10.0                 # evicts b, the least recently used
+    assert s.step_extra_ms(["a"]) == 10.0 and s.step_extra_ms(["b"]) == 10.0
+    assert s.step_extra_ms(["a"]) == 0.0                  # resident: a is now the most recent
+    assert s.step_extra_ms(["c"]) == 10.0                 # evicts b, the least recently used
     assert list(s.resident) == ["a", "c"] and s.evictions == 1
-    assert s.step_extra_ms({"a", "b"}) == 10.0            # b evicts c, never a (in the batch)
+    assert s.step_extra_ms(["a", "b"]) == 10.0            # b evicts c, never a (in the batch)
     assert set(s.resident) == {"a", "b"}
 
 
@@ -151,3 +151,45 @@ def test_seeds_aggregate_mean_and_std_and_cli_validation(capsys):
     assert "| p | 70.0 ± 14.1% |" in table({"p": agg})
     assert main(["--scenario", "multi-lora", "--seeds", "0"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+_DETERMINISM = """
+import json
+from load.sim import workloads as W
+from load.sim.adapters import LoraSpec
+from load.sim.bench import RunOptions, run_one
+from load.sim.lora_workloads import LoraSetup, zipf_adapters
+from load.sim.scenarios import Scenario, _pool
+arr = W.synthetic_poisson(300, rate=6.0, seed=2, input_median=600, output_median=40, system_prompt_share=0.0)
+sc = Scenario("t", "t", lambda s: arr, _pool("llama3-8b-a100", 2),
+              lora=LoraSetup(LoraSpec(max_loras=3), zipf_adapters(12, s=0.3)))
+cap = W.capacity_rps(arr, sc.servers)
+out = {p: run_one(sc, arr, cap, 1.2, p, RunOptions(seed=3))[0] for p in ("lora-v1", "llmd-lora", "llmd-lora-history")}
+print(json.dumps(out, sort_keys=True, default=str))
+"""
+
+
+def test_lora_runs_identical_across_hash_seeds():
+    """Adapter loads, evictions and the LoRA policies do not depend on set order (PYTHONHASHSEED)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    outs = []
+    for hseed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hseed, "PYTHONPATH": str(repo)}
+        r = subprocess.run([sys.executable, "-c", _DETERMINISM], cwd=repo, env=env, check=True, timeout=300,
+                           capture_output=True, text=True)
+        outs.append(json.loads(r.stdout))
+    assert outs[0] == outs[1] and outs[0]["llmd-lora"]["adapter_loads"] > 0
+
+
+def test_adapters_load_in_batch_order():
+    srv = _server(max_loras=4, load_ms=1.0)
+    for i, a in enumerate(("d", "a", "c", "b")):
+        srv.add(_req(i, 100, 2, a), 0.0)
+    assert srv.plan_step(0.0) > 0
+    assert list(srv.adapters.resident) == ["d", "a", "c", "b"] and srv.adapters.loads == 4

@@ -73,19 +73,21 @@ class AdapterSlots:
         self.skips += 1
         return False
 
-    def step_extra_ms(self, batch_adapters: set) -> float:
-        """Extra time of a step whose batch uses these adapters: loads, then the mixing cost."""
+    def step_extra_ms(self, batch_adapters: list) -> float:
+        """Extra time of a step whose batch uses these distinct adapters (in batch order):
+        loads, then the mixing cost."""
         if not batch_adapters:
             return 0.0
         spec = self.spec
         extra = spec.step_ms + spec.mix_ms * (len(batch_adapters) - 1)
         res = self.resident
+        in_batch = set(batch_adapters)
         for a in batch_adapters:
             if a in res:
                 res.move_to_end(a)
                 continue
             if len(res) >= spec.max_loras:
-                victim = next((v for v in res if v not in batch_adapters), None)
+                victim = next((v for v in res if v not in in_batch), None)
                 if victim is not None:
                     del res[victim]
                     self.evictions += 1

@@ -233,7 +233,8 @@ class ModelServer:
             return 0.0
         dur = spec.step_ms(n_tokens, ctx_sum, n_dec, pairs) / 1000.0
         if self.adapters is not None:
-            dur += self.adapters.step_extra_ms({r.lora for r, _ in batch if r.lora}) / 1000.0
+            # batch order, not set order: loads and evictions must not depend on PYTHONHASHSEED
+            dur += self.adapters.step_extra_ms(list(dict.fromkeys(r.lora for r, _ in batch if r.lora))) / 1000.0
         self.busy_time += dur
         self.steps += 1
         return dur
