@@ -206,3 +206,51 @@ def test_retry_with_scheduler_moves_the_accounting(servers, engines):
         assert all(ld.requests == 0 for ld in gw.router.scheduler.inflight._loads.values())
     finally:
         srv.stop()
+
+
+LORA_HISTORY_CONFIG = """
+plugins:
+- type: lora-affinity-scorer
+  parameters: {requestHistory: true}
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: lora-affinity-scorer
+  - pluginRef: kv-cache-utilization-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def test_lora_request_history_through_the_gateway_lifecycle(servers, engines):
+    """The gateway drives the scorer's history: a failed first attempt moves the count to the
+    retried endpoint, the count is there while the request runs, and completion releases it."""
+    import threading
+
+    bad, good = engines
+    bad.state.mode = "error503"
+    bad.state.kv_cache_usage = 0.0  # the broken one looks best to the KV scorer
+    good.state.kv_cache_usage = 0.9
+    good.state.first_token_delay = 1.0
+    gw, srv = start(servers["tmp"], [bad.url, good.url], LORA_HISTORY_CONFIG, [servers["prediction"]],
+                    servers["training"], scrape_interval_s=30)
+    try:
+        scorer = gw.router.scheduler.lifecycle_plugins[0]
+        bad_name, good_name = (e.name for e in gw.endpoints)
+        out = {}
+        body = {"model": "sql-lora", "prompt": "p", "max_tokens": 2}
+        t = threading.Thread(target=lambda: out.setdefault("r", httpx.post(srv.url + "/v1/completions", json=body,
+                                                                            timeout=30)))
+        t.start()
+        seen = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not seen:
+            seen = scorer.history.count(good_name, "sql-lora")
+            time.sleep(0.01)
+        assert seen == 1 and scorer.history.count(bad_name, "sql-lora") == 0  # moved by the retry
+        t.join(30)
+        assert out["r"].status_code == 200 and out["r"].headers["x-engine"] == "b" and len(bad.state.received) >= 1
+        assert scorer.history.count(good_name, "sql-lora") == 0 and scorer.history.adapters(bad_name) == frozenset()
+    finally:
+        srv.stop()
