@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epp-config", default=None,
                    help="EndpointPickerConfig YAML file for the predicted policies (default: llm-d's well-known "
                         "predicted-latency-slo config)")
+    p.add_argument("--flow-ttl", type=float, default=60.0,
+                   help="request TTL in seconds of the <router>+<ordering> flow-control policies (0: none)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -68,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS.values():
             print(f"  {s.name:<20} {s.description}")
         print("\npolicies:\n  " + ", ".join(bench.known_policies()))
+        print("  <router>+<ordering>: flow control in front of a router, ordering one of fcfs, round-robin, las, "
+              "turn-priority (e.g. token-load+turn-priority, predicted+las)")
         return 0
     try:
         scenario = get_scenario(args.scenario)
         loads = _loads(args.load)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        bad = [p for p in policies if p not in bench.known_policies()]
+        bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
             raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                              f"known: {', '.join(bench.known_policies())}")
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace, epp_config=epp_config)
+                            record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}
@@ -134,12 +138,23 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         write_results(out, scenario.name, args.seed, summary, meta)
         plots = [] if args.no_plots else write_plots(out, results, raw)
-        write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        report = write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        if scenario.programs is not None:
+            from load.sim.agentic import table as ptable
+            with open(report, "a") as f:
+                f.write("\n## Programs\n\nProgram completion = last turn's end - program arrival (completed "
+                        "programs); TTFT by turn depth includes the queue wait; wait = arrival -> dispatch; "
+                        "Jain's index over per-program mean waits.\n")
+                for label, per in results.items():
+                    f.write(f"\n### Load {label}\n\n{ptable(per)}\n")
         print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     else:
         from load.sim.report import table
         for label, per in results.items():
             print(f"\nload {label}\n" + table(per))
+            if scenario.programs is not None:
+                from load.sim.agentic import table as ptable
+                print(ptable(per))
     return 0
 
 
