@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from load.sim import bench
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
@@ -40,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                         "predicted-latency-slo config)")
     p.add_argument("--flow-ttl", type=float, default=60.0,
                    help="request TTL in seconds of the <router>+<ordering> flow-control policies (0: none)")
+    p.add_argument("--flow-detector", action="append", default=[], metavar="NAME=VALUE",
+                   help="utilization-detector parameter of the flow-control policies, e.g. queueDepthThreshold=2 "
+                        "(repeatable; llm-d's defaults otherwise)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -84,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
             raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
+        detector = {}
+        for item in args.flow_detector:
+            name, _, value = item.partition("=")
+            detector[name] = yaml.safe_load(value) if value else None
+        from epp_client.flowcontrol import UtilizationDetector
+
+        UtilizationDetector.from_config(detector or None)   # validate now: ConfigError names the parameter
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
         epp_config = None
@@ -101,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl)
+                            record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
+                            flow_detector=detector)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}

@@ -25,6 +25,7 @@ class RunOptions:
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
+    flow_detector: dict = field(default_factory=dict)   # their utilization-detector parameters (camelCase)
     extra: dict = field(default_factory=dict)
 
 
@@ -33,7 +34,7 @@ def make_router(policy: str, opts: RunOptions, n_servers: int):
 
     fc = flowsim.split(policy)
     if fc is not None:
-        return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s)
+        return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s, opts.flow_detector)
     if policy in NATIVE:
         return NATIVE[policy](opts.seed)
     if policy in EPP_POLICIES:

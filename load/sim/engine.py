@@ -204,7 +204,8 @@ class Simulation:
                         last_progress = pct
                         self.progress(ai / n)
         return SimResult(
-            requests=reqs + self.injected if self.injected else reqs, busy_time=[s.busy_time for s in servers], duration_s=self.now,
+            requests=reqs + self.injected if self.injected else reqs, busy_time=[s.busy_time for s in servers],
+            duration_s=self.now,
             steps=sum(s.steps for s in servers), preemptions=sum(s.preemptions for s in servers),
             prompt_tokens=sum(s.prompt_tokens for s in servers), hit_tokens=sum(s.hit_tokens for s in servers),
         )

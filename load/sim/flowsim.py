@@ -165,15 +165,17 @@ def split(policy: str) -> tuple[str, str] | None:
     return BASE_ALIASES.get(base, base), ordering
 
 
-def make(policy: str, inner, request_ttl_s: float = 60.0) -> FlowSimRouter:
-    """``<router>+<ordering>``: flow control with one default band using that ordering."""
+def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None) -> FlowSimRouter:
+    """``<router>+<ordering>``: flow control with one default band using that ordering;
+    ``detector``: utilization-detector parameters (camelCase; llm-d's defaults otherwise)."""
     _, ordering = split(policy)
     router = FlowSimRouter(inner, None, name=policy)
     pol = _policy(ordering, router.now)
     router.flow = FlowControl(FlowController(BandConfig(pol), request_ttl_s=request_ttl_s, clock=router.now),
-                              UtilizationDetector())
+                              UtilizationDetector.from_config(detector or None))
     router.description = (f"flow control ({ordering} across programs, request TTL {request_ttl_s:g} s, "
-                          "llm-d utilization detector) in front of: " + router.description)
+                          f"llm-d utilization detector {detector or 'with its defaults'}) in front of: "
+                          + router.description)
     return router
 
 

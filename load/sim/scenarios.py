@@ -85,9 +85,9 @@ def _agentic_programs(seed: int) -> list:
 
 _add(Scenario("agentic", "agentic programs (Poisson arrivals; 2-48 turns, median 8; tool/think time median 2 s "
               "between turns; each turn's prompt = the previous context + answer + a tool result, so the "
-              "previous turn is the shared prefix) on 4 Llama-3-8B / A100 servers; load 1.0 = the pool's "
-              "capacity with a perfect prefix cache", lambda seed: [], _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000),
-              programs=_agentic_programs))
+              "previous turn is the shared prefix) on 4 Llama-3-8B / A100 servers with a 300k-token KV cache; "
+              "load 1.0 = the pool's capacity with a perfect prefix cache", lambda seed: [],
+              _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000), programs=_agentic_programs))
 
 
 def get_scenario(name: str) -> Scenario:
