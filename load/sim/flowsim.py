@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import collections
 
-from epp_client.flowcontrol import (BandConfig, EndpointLoad, FlowControl, FlowController, GlobalStrictFairness,
-                                    ProgramAwareFairness, RoundRobinFairness, UtilizationDetector)
-from epp_client.flowcontrol import build_flow_control
+from epp_client.flowcontrol import (REJECTED_TTL, BandConfig, EndpointLoad, FlowControl, FlowController,
+                                    GlobalStrictFairness, ProgramAwareFairness, RoundRobinFairness,
+                                    UtilizationDetector, build_flow_control)
 
 from .engine import DEFERRED
 from .request import SimRequest
@@ -104,7 +104,7 @@ class FlowSimRouter:
     def _pump(self, now: float) -> None:
         ctl, det = self.flow.controller, self.flow.detector
         for item in ctl.expire():
-            self._reject(item.payload, "rejected-ttl-expired", now)
+            self._reject(item.payload, REJECTED_TTL, now)
         loads = [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in self.sim.scraped]
         sat = det.saturation(loads, now)
         while True:
