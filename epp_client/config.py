@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .flowcontrol.config import FLOW_PLUGIN_TYPES
 from .inflight import InFlightTracker
 from .plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
@@ -43,9 +44,10 @@ PLUGIN_TYPES: dict[str, type] = {c.TYPE: c for c in (
     KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer, LatencySloAdmitter, ProbabilisticAdmitter,
     WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker)}
 
-#: Upstream plugin types accepted and ignored: the router supplies their data itself
-#: (prefix match info on each Endpoint) or they only select profiles.
-IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer"})
+#: Upstream plugin types accepted and ignored here: the router supplies their data itself
+#: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
+#: control (``flowcontrol.build_flow_control`` builds those).
+IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer", *FLOW_PLUGIN_TYPES})
 
 _TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
                        "data", "flowControl"})

@@ -146,10 +146,15 @@ class Scraper:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
+
+
+async def cancel_task(task: asyncio.Task | None) -> None:
+    """Cancel a background task and wait until it has stopped."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

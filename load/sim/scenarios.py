@@ -26,6 +26,7 @@ class Scenario:
     scrape_interval_s: float = 0.05
     scrape_delay_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    programs: Callable[[int], list] | None = None   # closed-loop program scenarios: seed -> programs
 
     def cluster_desc(self) -> str:
         names: dict[str, int] = {}
@@ -74,6 +75,19 @@ _add(Scenario("high-kv", "long prompts (median 16k tokens, Poisson) on 2 Llama-3
 _add(Scenario("llama70b", "Mooncake conversation trace (first 4,000 requests) on 4 Llama-2-70B / H100 TP4 servers",
               _mooncake("conversation", 4000), _pool("llama2-70b-h100-tp4", 4),
               slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=120.0),)))
+
+
+def _agentic_programs(seed: int) -> list:
+    from .agentic import programs
+
+    return programs(360, seed=seed)
+
+
+_add(Scenario("agentic", "agentic programs (Poisson arrivals; 2-48 turns, median 8; tool/think time median 2 s "
+              "between turns; each turn's prompt = the previous context + answer + a tool result, so the "
+              "previous turn is the shared prefix) on 4 Llama-3-8B / A100 servers with a 300k-token KV cache; "
+              "load 1.0 = the pool's capacity with a perfect prefix cache", lambda seed: [],
+              _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000), programs=_agentic_programs))
 
 
 def get_scenario(name: str) -> Scenario:
