@@ -20,6 +20,7 @@ Manifest keys (all JSON)::
                                "by_regime": {regime: {"offset_ms", "scale"}}}}  (optional)
     training         {target: {"n_train": int, "n_test": int}}
     metrics          {target: {"pinball": float, "coverage": float, ...}}
+    lineage          {"id": uuid4 hex, "created_at": unix seconds}   (the sample store trained from)
 """
 from __future__ import annotations
 
@@ -61,6 +62,17 @@ def version_seq(version: str) -> int:
     if not VERSION_RE.match(version):
         raise BundleError(f"bad bundle version {version!r}")
     return int(version[1:version.index("-")])
+
+
+def make_lineage(store_id: str, created_at: float) -> dict:
+    """A manifest's ``lineage``: the sample store its bundle comes from, created once with
+    the store (``id``: uuid4 hex; ``created_at``: unix seconds) and kept across restarts.
+    A store started empty is a new, newer lineage; versions compare only within one."""
+    if not re.fullmatch(r"[0-9a-f]{32}", str(store_id)):
+        raise BundleError(f"lineage id {store_id!r} is not a uuid4 hex string")
+    if isinstance(created_at, bool) or not isinstance(created_at, (int, float)) or not 0 < created_at < 1e11:
+        raise BundleError(f"lineage created_at {created_at!r} is not a unix time in seconds")
+    return {"id": str(store_id), "created_at": float(created_at)}
 
 
 def sha256_bytes(data: bytes) -> str:

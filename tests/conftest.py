@@ -70,3 +70,11 @@ def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 def sharegpt_rows() -> list[dict]:
     assert SHAREGPT.exists(), f"shared data missing: {SHAREGPT}"
     return load_jsonl(SHAREGPT)
+
+
+def training_entry(i: int) -> dict:
+    """A valid, deterministic training entry (about 300 bytes of JSON), no data file needed."""
+    return {"kv_cache_percentage": (i % 97) / 100, "input_token_length": 100 + i % 4000,
+            "num_request_waiting": i % 7, "num_request_running": i % 13, "num_tokens_generated": i % 500,
+            "actual_ttft_ms": 200.0 + i % 900, "actual_tpot_ms": 10.0 + i % 40, "prefix_cache_score": (i % 10) / 10,
+            "prefill_tokens_in_flight": i % 2048, "decode_tokens_in_flight": i % 4096, "timestamp": 1.7e9 + i}

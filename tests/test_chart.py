@@ -409,6 +409,11 @@ def test_invalid_values_are_refused_inside_an_epp_chart(epp_chart, values, field
     assert field in str(e.value)
 
 
+def test_an_inflight_budget_below_the_largest_body_is_refused():
+    with pytest.raises(RenderError, match="maxInflightBytes 16777216 must be >= training.maxBodyBytes 33554432"):
+        render(CHART, {"training": {"maxBodyBytes": 33554432}})
+
+
 def test_auth_without_a_token_source_is_refused():
     with pytest.raises(RenderError, match="auth.enabled needs"):
         render(CHART, {"auth": {"enabled": True}})
@@ -423,7 +428,7 @@ TRAINING_DEFAULTS = {
     "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "5000", "LATENCY_TEST_TRAIN_RATIO": "0.1",
     "LATENCY_MAX_STORED_SAMPLES": "1000000", "LATENCY_MAX_BODY_BYTES": "16777216",
     "LATENCY_INGEST_QUEUE_SIZE": "100000", "LATENCY_BUNDLES_KEEP": "5", "LATENCY_PUBLISH_TOLERANCE": "0.02",
-    "LATENCY_LOG_LEVEL": "info",
+    "LATENCY_LOG_LEVEL": "info", "LATENCY_MAX_INFLIGHT_BYTES": "16777216",
 }
 PREDICTION_DEFAULTS = {
     "MODEL_SYNC_INTERVAL_SEC": "5", "LATENCY_REFUSE_WITHOUT_MODEL": "false", "LATENCY_MAX_BODY_BYTES": "4194304",
@@ -449,6 +454,7 @@ def test_every_setting_value_reaches_the_environment():
               "training": {"modelType": "lightgbm", "objectiveType": "mean", "retrainingIntervalSec": 7.5,
                            "minSamplesForRetrain": 250, "maxTrainingDataSizePerBucket": 800, "testTrainRatio": 0.2,
                            "maxStoredSamples": 2500000, "maxBodyBytes": 33554432, "ingestQueueSize": 5000,
+                           "maxInflightBytes": 67108864,
                            "bundlesKeep": 3, "publishTolerance": 0.05, "seedBundle": "/seed/v1"},
               "predictionServers": {"syncIntervalSec": 30, "refuseWithoutModel": True, "maxBodyBytes": 8388608,
                                     "maxBatchRows": 500, "bundleDir": "/bundles", "syncTimeoutSec": 4,
@@ -460,13 +466,13 @@ def test_every_setting_value_reaches_the_environment():
         "LATENCY_MODEL_TYPE", "LATENCY_OBJECTIVE_TYPE", "LATENCY_QUANTILE_ALPHA", "LATENCY_RETRAINING_INTERVAL_SEC",
         "LATENCY_MIN_SAMPLES_FOR_RETRAIN", "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET", "LATENCY_TEST_TRAIN_RATIO",
         "LATENCY_MAX_STORED_SAMPLES", "LATENCY_MAX_BODY_BYTES", "LATENCY_INGEST_QUEUE_SIZE", "LATENCY_BUNDLES_KEEP",
-        "LATENCY_PUBLISH_TOLERANCE", "LATENCY_LOG_LEVEL", "LATENCY_SEED_BUNDLE")} == {
+        "LATENCY_PUBLISH_TOLERANCE", "LATENCY_LOG_LEVEL", "LATENCY_SEED_BUNDLE", "LATENCY_MAX_INFLIGHT_BYTES")} == {
         "LATENCY_MODEL_TYPE": "lightgbm", "LATENCY_OBJECTIVE_TYPE": "mean", "LATENCY_QUANTILE_ALPHA": "0.95",
         "LATENCY_RETRAINING_INTERVAL_SEC": "7.5", "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "250",
         "LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET": "800", "LATENCY_TEST_TRAIN_RATIO": "0.2",
         "LATENCY_MAX_STORED_SAMPLES": "2500000", "LATENCY_MAX_BODY_BYTES": "33554432",
         "LATENCY_INGEST_QUEUE_SIZE": "5000", "LATENCY_BUNDLES_KEEP": "3", "LATENCY_PUBLISH_TOLERANCE": "0.05",
-        "LATENCY_LOG_LEVEL": "debug", "LATENCY_SEED_BUNDLE": "/seed/v1"}
+        "LATENCY_LOG_LEVEL": "debug", "LATENCY_SEED_BUNDLE": "/seed/v1", "LATENCY_MAX_INFLIGHT_BYTES": "67108864"}
     assert {k: p[k] for k in (
         "MODEL_SYNC_INTERVAL_SEC", "LATENCY_REFUSE_WITHOUT_MODEL", "LATENCY_MAX_BODY_BYTES", "LATENCY_MAX_BATCH_ROWS",
         "LATENCY_QUANTILE_ALPHA", "LATENCY_LOG_LEVEL", "LATENCY_BUNDLE_DIR", "LATENCY_SYNC_TIMEOUT_SEC",

@@ -21,8 +21,9 @@ def server(tmp_path):
     settings = Settings.from_env({}, data_dir=str(tmp_path), max_body_bytes=4096, ingest_queue_size=5,
                                  api_token=TOKEN, retraining_interval_sec=60)
     app = create_app(settings)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20,
-                                                   headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+    # every body here is declared JSON (anything else is 415: test_training_write_safety.py)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20, headers={
+            "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}) as c:
         yield c, app.state.service
 
 

@@ -14,6 +14,7 @@ def test_defaults_match_the_documented_table():
     assert (s.retraining_interval_sec, s.min_samples_for_retrain) == (2.0, 100)
     assert (s.max_training_data_size_per_bucket, s.test_train_ratio) == (5000, 0.1)
     assert (s.max_stored_samples, s.max_body_bytes, s.ingest_queue_size) == (1_000_000, 16 * 1024 * 1024, 100_000)
+    assert s.max_inflight_bytes == 16 * 1024 * 1024  # one body of the largest size at a time
     assert (s.api_token, s.bundles_keep, s.publish_tolerance, s.log_level, s.seed_bundle) == (None, 5, 0.02, "info", None)
     assert s.store_path == Path("./latency-data/samples.sqlite3")
     # every setting is documented in the module docstring table
@@ -41,7 +42,7 @@ def test_environment_parsing_and_overrides(tmp_path):
     ("LATENCY_RETRAINING_INTERVAL_SEC", "0"), ("LATENCY_MIN_SAMPLES_FOR_RETRAIN", "-3"),
     ("LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET", "1.5"), ("LATENCY_TEST_TRAIN_RATIO", "0"),
     ("LATENCY_TEST_TRAIN_RATIO", "0.9"), ("LATENCY_MAX_STORED_SAMPLES", "10"), ("LATENCY_MAX_BODY_BYTES", "1"),
-    ("LATENCY_INGEST_QUEUE_SIZE", "0"), ("LATENCY_API_TOKEN", "short"), ("LATENCY_BUNDLES_KEEP", "0"),
+    ("LATENCY_INGEST_QUEUE_SIZE", "0"), ("LATENCY_MAX_INFLIGHT_BYTES", "12k"), ("LATENCY_MAX_INFLIGHT_BYTES", "100"), ("LATENCY_API_TOKEN", "short"), ("LATENCY_BUNDLES_KEEP", "0"),
     ("LATENCY_PUBLISH_TOLERANCE", "-0.1"), ("LATENCY_LOG_LEVEL", "verbose"),
     ("LATENCY_SEED_BUNDLE", "/nonexistent/bundle"), ("LATENCY_TRAINING_HOST", "bad host"),
 ])
@@ -49,6 +50,14 @@ def test_bad_values_name_the_variable(env, value):
     with pytest.raises(SettingsError) as e:
         Settings.from_env({env: value})
     assert e.value.env == env and env in str(e.value)
+
+
+def test_the_inflight_budget_must_hold_a_body_of_the_largest_size():
+    assert Settings.from_env({"LATENCY_MAX_BODY_BYTES": "4096", "LATENCY_MAX_INFLIGHT_BYTES": "4096"}
+                             ).max_inflight_bytes == 4096
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"LATENCY_MAX_BODY_BYTES": "33554432"})  # over the default budget
+    assert e.value.env == "LATENCY_MAX_INFLIGHT_BYTES" and "LATENCY_MAX_BODY_BYTES" in str(e.value)
 
 
 def test_cli_exits_2_naming_the_bad_setting(monkeypatch, capsys):

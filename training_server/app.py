@@ -12,7 +12,6 @@ import hmac
 import logging
 import time
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -20,11 +19,15 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from features.bundle import make_lineage
 from features.schema import FieldError, parse_row, parse_training_entry, row_json_schema, \
     training_entry_json_schema
 from features.matrix import TARGETS
 from prediction_server.model import LoadedBundle
 
+from .bodies import SLICE_BYTES, HTTPProblem, InflightBytes, NotSplittable, admitted_body, array_slices, \
+    field_problem, from_loopback, parse_json, require_json, too_busy
+from . import info
 from .metrics import TrainingMetrics
 from .registry import Registry
 from .settings import Settings
@@ -40,30 +43,6 @@ MAX_ERRORS_REPORTED = 10
 PARSE_IN_THREAD_BYTES = 64 * 1024
 
 
-class HTTPProblem(Exception):
-    """An error answer: status, FastAPI-style detail, extra headers."""
-
-    def __init__(self, status: int, detail: Any, headers: dict | None = None) -> None:
-        self.status = status
-        self.detail = detail
-        self.headers = headers or {}
-
-
-def _field_problem(loc: list, msg: str, kind: str = "value_error", status: int = 422) -> HTTPProblem:
-    return HTTPProblem(status, [{"loc": loc, "msg": msg, "type": kind}])
-
-
-def _orjson_body(body: bytes) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise _field_problem(["body"], f"body is not valid JSON: {e}", "json_invalid") from None
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
 def prediction_object(bundle: LoadedBundle, ttft: float, tpot: float, now: float | None = None) -> dict:
     """One prediction ``p`` (wire-api §1.2) plus model_version and model_source."""
     now = time.time() if now is None else now
@@ -73,8 +52,8 @@ def prediction_object(bundle: LoadedBundle, ttft: float, tpot: float, now: float
         out[f"{t}_ms"] = float(y)
         out[f"{t}_uncertainty"] = u
         out[f"{t}_prediction_bounds"] = [max(0.0, float(y) - bundle.bound_width * u), float(y) + bundle.bound_width * u]
-    out.update(predicted_at=_iso(now), model_type=bundle.model_kind, objective_type=bundle.objective,
-               quantile=bundle.quantile, last_model_load=_iso(bundle.loaded_at), model_version=bundle.version,
+    out.update(predicted_at=info.iso(now), model_type=bundle.model_kind, objective_type=bundle.objective,
+               quantile=bundle.quantile, last_model_load=info.iso(bundle.loaded_at), model_version=bundle.version,
                model_source=bundle.source)
     return out
 
@@ -92,12 +71,14 @@ class TrainingService:
         self.train_config = TrainConfig(model_type=settings.model_type, objective=settings.objective_type,
                                         quantile=settings.quantile_alpha)
         self.worker: RetrainWorker | None = None
-        self._xgb_json_cache: dict[tuple[str, str], bytes] = {}
+        #: XGBoost JSON dumps of the served models (/model/*/xgb/json), by (version, target)
+        self.xgb_json_cache: dict[tuple[str, str], bytes] = {}
         self.started_at = time.time()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, run_worker: bool = True) -> None:
         self.store.open()
+        self.registry.lineage = make_lineage(self.store.store_id, self.store.created_at)
         bundle = self.registry.load(self.settings.seed_bundle)
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         if bundle.source == "learned":
@@ -127,54 +108,98 @@ class TrainingService:
             raise HTTPProblem(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
                               {"WWW-Authenticate": "Bearer"})
 
+    def check_flush_access(self, authorization: str | None, loopback: bool) -> None:
+        """The token when one is configured; without one, only a caller on loopback."""
+        if self.settings.api_token is not None:
+            self.check_token(authorization)
+        elif not loopback:
+            raise HTTPProblem(403, "/flush without LATENCY_API_TOKEN is allowed from loopback only; "
+                                   "set LATENCY_API_TOKEN to flush from another host")
+
     # ---- ingestion ---------------------------------------------------------------------
-    def parse_bulk(self, body: bytes) -> tuple[list, list[dict], int]:
-        """-> (valid entries, errors [{"index","loc","msg"}], total entries)."""
-        doc = _orjson_body(body)
+    def check_room(self) -> None:
+        """429 before a body is read when the write queue has no room at all."""
+        if self.store.queue_depth >= self.store.queue_size:
+            self.metrics.requests_refused.labels("429").inc()
+            raise too_busy("ingestion saturated: write queue full, retry later")
+
+    def parse_bulk(self, body: bytes | bytearray) -> tuple[list, list[dict], int]:
+        """-> (valid entries, errors [{"index","loc","msg"}], total entries). A large body
+        is parsed slice by slice (bodies.array_slices) so its parsed form stays small."""
+        if len(body) > 2 * SLICE_BYTES:
+            try:
+                return self._entries(array_slices(body, "entries"))
+            except NotSplittable:
+                pass  # another shape, or invalid: parse it whole (and name the problem)
+        doc = parse_json(body)
         if type(doc) is not dict:
-            raise _field_problem(["body"], "body must be a JSON object with an 'entries' list", "type_error")
+            raise field_problem(["body"], "body must be a JSON object with an 'entries' list", "type_error")
         entries = doc.get("entries")
         if type(entries) is not list:
             kind = "missing" if "entries" not in doc else "type_error"
-            raise _field_problem(["body", "entries"], "'entries' must be a list of training entries", kind)
+            raise field_problem(["body", "entries"], "'entries' must be a list of training entries", kind)
+        del doc
+        return self._entries([entries])
+
+    def _entries(self, parts) -> tuple[list, list[dict], int]:
         valid, errors = [], []
         reasons: dict[str, int] = {}
-        for i, obj in enumerate(entries):
-            try:
-                valid.append(parse_training_entry(obj, ("entries", i)))
-            except FieldError as e:
-                reasons[e.kind] = reasons.get(e.kind, 0) + 1
-                if len(errors) < MAX_ERRORS_REPORTED:
-                    errors.append({"index": i, "loc": ["body", *e.loc], "msg": e.msg, "type": e.kind})
+        i = 0
+        for part in parts:
+            for k, obj in enumerate(part):
+                part[k] = None  # each parsed dict is freed as it is converted
+                try:
+                    valid.append(parse_training_entry(obj, ("entries", i)))
+                except FieldError as e:
+                    reasons[e.kind] = reasons.get(e.kind, 0) + 1
+                    if len(errors) < MAX_ERRORS_REPORTED:
+                        errors.append({"index": i, "loc": ["body", *e.loc], "msg": e.msg, "type": e.kind})
+                i += 1
         for kind, n in reasons.items():
             self.metrics.rejected.labels(kind).inc(n)
-        return valid, errors, len(entries)
+        return valid, errors, i
 
-    async def ingest(self, body: bytes) -> dict:
+    async def ingest(self, body: bytes | bytearray) -> dict:
+        """Parse, store (202 after the commit) and score the live pairs. A bytearray body is
+        cleared once parsed, and the parsed entries dropped once stored rows are built, so
+        one request holds one form of its data at a time."""
         t0 = time.perf_counter()
         if len(body) > PARSE_IN_THREAD_BYTES:
             valid, errors, total = await asyncio.to_thread(self.parse_bulk, body)
         else:
             valid, errors, total = self.parse_bulk(body)
+        if isinstance(body, bytearray):
+            body.clear()
         if errors and not valid:  # nothing usable at all: a plain 4xx naming the fields
             raise HTTPProblem(422, errors)
+        accepted = len(valid)
+        live, feedback = self._live_pairs(valid)
         rows = entries_to_rows(valid)  # (numpy-vectorised stratum; cheap next to parsing)
+        del valid
         try:
             fut = self.store.submit(rows)
         except Saturated as e:
             self.metrics.requests_refused.labels("429").inc()
-            raise HTTPProblem(429, "ingestion saturated: write queue full, retry later",
-                              {"Retry-After": str(e.retry_after)}) from None
+            raise too_busy("ingestion saturated: write queue full, retry later", e.retry_after) from None
         except StoreClosed:
             self.metrics.requests_refused.labels("503").inc()
             raise HTTPProblem(503, "shutting down", {"Retry-After": "1"}) from None
+        del rows
         try:
             await asyncio.wrap_future(fut)
         except Exception as e:  # the commit failed: nothing acknowledged
             log.error("ingest commit failed: %s", e)
             self.metrics.requests_refused.labels("503").inc()
             raise HTTPProblem(503, "sample store unavailable; entries not stored", {"Retry-After": "1"}) from None
-        self.metrics.accepted.inc(len(valid))
+        self.metrics.accepted.inc(accepted)
+        self.metrics.observe_live(live, feedback)
+        self.metrics.ingest_latency.observe(time.perf_counter() - t0)
+        return {"message": f"accepted {accepted} of {total} entries", "accepted": accepted,
+                "rejected": total - accepted, "errors": errors}
+
+    def _live_pairs(self, valid: list) -> tuple[dict[str, list], dict[str, list]]:
+        """(actual, predicted) pairs per target: of the served model (its live error) and of
+        any recent learned version (the adaptive correction's input)."""
         live: dict[str, list] = {t: [] for t in TARGETS}
         feedback: dict[str, list] = {t: [] for t in TARGETS}
         served = self.registry.served.version
@@ -185,30 +210,27 @@ class TrainingService:
                                                ("tpot", e.actual_tpot_ms, e.predicted_tpot_ms)) if p > 0 and a > 0]
             if not pairs:
                 continue
-            if not e.model_version or e.model_version == served:  # the served model's live error
+            if not e.model_version or e.model_version == served:
                 for t, a, p in pairs:
                     live[t].append((a, p))
             if e.model_version and self.registry.is_learned_version(e.model_version):
-                for t, a, p in pairs:  # any recent learned version: the adaptive correction's input
+                for t, a, p in pairs:
                     feedback[t].append((a, p))
-        self.metrics.observe_live(live, feedback)
-        self.metrics.ingest_latency.observe(time.perf_counter() - t0)
-        return {"message": f"accepted {len(valid)} of {total} entries", "accepted": len(valid),
-                "rejected": total - len(valid), "errors": errors}
+        return live, feedback
 
     async def flush(self, body: bytes) -> dict:
-        doc = _orjson_body(body) if body.strip() else {}
+        doc = parse_json(body) if body.strip() else {}
         if type(doc) is not dict:
-            raise _field_problem(["body"], "body must be a JSON object", "type_error")
+            raise field_problem(["body"], "body must be a JSON object", "type_error")
         flags = {}
         for name in ("flush_training_data", "flush_test_data", "flush_metrics"):
             v = doc.get(name, False)
             if type(v) is not bool:
-                raise _field_problem(["body", name], "must be a boolean", "bool_type")
+                raise field_problem(["body", name], "must be a boolean", "bool_type")
             flags[name] = v
         reason = doc.get("reason", "")
         if type(reason) is not str or len(reason) > 1000:
-            raise _field_problem(["body", "reason"], "must be a string of at most 1000 characters", "string_type")
+            raise field_problem(["body", "reason"], "must be a string of at most 1000 characters", "string_type")
         log.warning("flush requested: %s reason=%r", flags, reason)
         rows = self.store.rows
         if flags["flush_training_data"] or flags["flush_test_data"]:
@@ -221,74 +243,8 @@ class TrainingService:
             self.metrics.reset_live()
         return {"message": "flushed", **flags, "reason": reason, "stored_rows": rows}
 
-    # ---- model information -------------------------------------------------------------
-    def model_status(self) -> dict[str, bool]:
-        b = self.registry.served
-        return {t: b.has_model(t) for t in TARGETS}
-
-    def download_info(self) -> dict:
-        b = self.registry.served
-        return {"model_type": self.settings.model_type if b.source == "prior" else b.model_kind,
-                "objective_type": b.objective, "model_status": self.model_status(), "quantile": b.quantile,
-                "model_version": b.version, "model_source": b.source}
-
-    def model_info(self, name: str) -> dict:
-        if name not in TARGETS:
-            raise HTTPProblem(404, f"unknown model {name!r}; known: {list(TARGETS)}")
-        b = self.registry.served
-        spec = (b.manifest.get("models") or {}).get(name)
-        return {"name": name, "exists": spec is not None, "model_version": b.version, "model_source": b.source,
-                "model_type": b.model_kind, "objective_type": b.objective, "quantile": b.quantile,
-                "file": None if spec is None else {k: spec[k] for k in ("file", "format", "size", "sha256")},
-                "features": ((b.manifest.get("features") or {}).get("features") or {}).get(name),
-                "metrics": (b.manifest.get("metrics") or {}).get(name),
-                "calibration": (b.manifest.get("calibration") or {}).get(name),
-                "training": (b.manifest.get("training") or {}).get(name),
-                "last_model_load": _iso(b.loaded_at)}
-
-    def models_list(self) -> dict:
-        return {"models": [self.model_info(t) for t in TARGETS], "served_version": self.registry.served.version,
-                "bundles": self.registry.versions()}
-
-    def xgb_json(self, target: str) -> bytes:
-        b = self.registry.served
-        if b.model_kind != "xgboost" or not b.has_model(target):
-            raise HTTPProblem(404, f"no XGBoost {target} model is served (model_kind={b.model_kind})")
-        key = (b.version, target)
-        cached = self._xgb_json_cache.get(key)
-        if cached is None:
-            import xgboost as xgb
-
-            spec = b.manifest["models"][target]
-            data = self.registry.served_files().get(spec["file"])
-            if data is None:
-                raise HTTPProblem(404, f"{target} model file not available")
-            booster = xgb.Booster(params={"nthread": 1})
-            booster.load_model(bytearray(data))
-            cached = bytes(booster.save_raw("json"))
-            self._xgb_json_cache = {key: cached, **{k: v for k, v in self._xgb_json_cache.items()
-                                                    if k[0] == b.version}}
-        return cached
-
-    def data_status(self) -> dict:
-        w = self.worker
-        counts = self.store.target_counts()
-        return {"stored_rows": self.store.rows, "max_stored_samples": self.settings.max_stored_samples,
-                "rows_with_target": counts, "strata": len(self.store.strata_counts()),
-                "queue_depth": self.store.queue_depth, "queue_size": self.settings.ingest_queue_size,
-                "inserted_since_start": self.store.inserted_total, "evicted_since_start": self.store.evicted_total,
-                "last_row_id": self.store.last_id,
-                "new_samples_since_last_training": None if w is None else w.new_samples,
-                "min_samples_for_retrain": self.settings.min_samples_for_retrain,
-                "retrain_cycles": None if w is None else w.cycles,
-                "retrain_failures": None if w is None else w.failures,
-                "last_retrain": None if w is None or w.last is None else
-                {"outcome": w.last.outcome, "reason": w.last.reason, "version": w.last.version,
-                 "seconds": round(w.last.seconds, 3)},
-                "served_version": self.registry.served.version, "model_source": self.registry.served.source}
-
     def predict(self, body: bytes) -> dict:
-        doc = _orjson_body(body)
+        doc = parse_json(body)
         try:
             raw = np.array([parse_row(doc)], dtype=np.float64)
         except FieldError as e:
@@ -311,25 +267,6 @@ _FLUSH_SCHEMA = {"type": "object", "additionalProperties": True, "properties": {
     "flush_test_data": {"type": "boolean", "default": False},
     "flush_metrics": {"type": "boolean", "default": False},
     "reason": {"type": "string", "maxLength": 1000}}}
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing (413) over ``limit`` by Content-Length and by streamed size."""
-    cl = request.headers.get("content-length")
-    if cl is not None:
-        try:
-            n = int(cl)
-        except ValueError:
-            raise _field_problem(["header", "content-length"], "not an integer", "int_parsing", 400) from None
-        if n > limit:
-            raise HTTPProblem(413, f"body of {n} bytes exceeds the limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPProblem(413, f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def create_app(settings: Settings, *, service: TrainingService | None = None, run_worker: bool = True) -> FastAPI:
@@ -358,52 +295,60 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
         return JSONResponse({"detail": "internal server error"}, status_code=500)
 
     limit = settings.max_body_bytes
-    write_errors = {401: _ERR, 413: _ERR, 422: _ERR}
+    inflight = app.state.inflight = InflightBytes(
+        settings.max_inflight_bytes, on_refuse=lambda: svc.metrics.requests_refused.labels("429").inc())
+    write_errors = {401: _ERR, 413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR}
 
     @app.post("/add_training_data_bulk", status_code=202, openapi_extra=_json_body(_BULK_SCHEMA),
-              responses={**write_errors, 429: _ERR, 503: _ERR},
+              responses={**write_errors, 503: _ERR},
               summary="Store training entries (per-entry validation; 202 after the durable commit)")
     async def add_training_data_bulk(request: Request) -> Response:
         svc.check_token(request.headers.get("authorization"))
-        body = await _read_body(request, limit)
-        return JSONResponse(await svc.ingest(body), status_code=202)
+        require_json(request)
+        svc.check_room()
+        async with admitted_body(request, limit, inflight) as body:
+            return JSONResponse(await svc.ingest(body), status_code=202)
 
-    @app.post("/flush", openapi_extra=_json_body(_FLUSH_SCHEMA, required=False), responses=write_errors,
-              summary="Delete stored training and/or test rows, reset live metrics")
+    @app.post("/flush", openapi_extra=_json_body(_FLUSH_SCHEMA, required=False),
+              responses={**write_errors, 403: _ERR},
+              summary="Delete stored training and/or test rows, reset live metrics (token, or loopback without one)")
     async def flush(request: Request) -> Response:
-        svc.check_token(request.headers.get("authorization"))
-        body = await _read_body(request, limit)
-        return JSONResponse(await svc.flush(body))
+        svc.check_flush_access(request.headers.get("authorization"), from_loopback(request))
+        require_json(request)
+        async with admitted_body(request, limit, inflight) as body:
+            return JSONResponse(await svc.flush(body))
 
-    @app.post("/predict", openapi_extra=_json_body(row_json_schema()), responses={413: _ERR, 422: _ERR},
+    @app.post("/predict", openapi_extra=_json_body(row_json_schema()),
+              responses={413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR},
               summary="Predict TTFT/TPOT for one row with the served bundle (prior before any)")
     async def predict(request: Request) -> Response:
-        body = await _read_body(request, min(limit, 1 << 20))
-        return JSONResponse(svc.predict(body))
+        require_json(request)
+        async with admitted_body(request, min(limit, 1 << 20), inflight) as body:
+            return JSONResponse(svc.predict(body))
 
     @app.get("/model/download/info")
     async def download_info() -> dict:
-        return svc.download_info()
+        return info.download_info(svc)
 
     @app.get("/models/list")
     async def models_list() -> dict:
-        return await asyncio.to_thread(svc.models_list)
+        return await asyncio.to_thread(info.models_list, svc)
 
     @app.get("/model/{name}/info", responses={404: _ERR})
     async def model_info(name: str) -> dict:
-        return svc.model_info(name)
+        return info.model_info(svc, name)
 
     @app.get("/model/ttft/xgb/json", responses={404: _ERR})
     async def ttft_xgb_json() -> Response:
-        return Response(await asyncio.to_thread(svc.xgb_json, "ttft"), media_type="application/json")
+        return Response(await asyncio.to_thread(info.xgb_json, svc, "ttft"), media_type="application/json")
 
     @app.get("/model/tpot/xgb/json", responses={404: _ERR})
     async def tpot_xgb_json() -> Response:
-        return Response(await asyncio.to_thread(svc.xgb_json, "tpot"), media_type="application/json")
+        return Response(await asyncio.to_thread(info.xgb_json, svc, "tpot"), media_type="application/json")
 
     @app.get("/data/status")
     async def data_status() -> dict:
-        return await asyncio.to_thread(svc.data_status)
+        return await asyncio.to_thread(info.data_status, svc)
 
     @app.get("/model/export", responses={404: _ERR},
              summary="The served bundle as one JSON document (manifest + base64 files), a seed for a new deployment")

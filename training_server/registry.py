@@ -71,6 +71,14 @@ def write_export_dir(doc: Mapping, out: Path) -> Path:
     return write_bundle(Path(out), manifest, files)
 
 
+def _without_local_path(manifest: dict) -> dict:
+    """A manifest as served: bundles written by older versions named the seed's local path."""
+    seeded = manifest.get("seeded_from")
+    if isinstance(seeded, Mapping) and "path" in seeded:
+        manifest = {**manifest, "seeded_from": {k: v for k, v in seeded.items() if k != "path"}}
+    return manifest
+
+
 class Registry:
     """Published bundles and the served one (initially the built-in prior)."""
 
@@ -82,6 +90,8 @@ class Registry:
         self._served: LoadedBundle = LoadedBundle.builtin_prior(quantile)
         self._files: dict[str, bytes] = {}
         self._seq = 0
+        #: features.bundle.make_lineage of the sample store: stamped on every published manifest
+        self.lineage: dict | None = None
         #: versions served by this registry since start-up, newest last (bounded)
         self._known: OrderedDict[str, None] = OrderedDict()
 
@@ -94,7 +104,7 @@ class Registry:
         for path in reversed(bundles):
             try:
                 manifest, files = read_bundle(path)
-                bundle = LoadedBundle.from_files(manifest, files)
+                bundle = LoadedBundle.from_files(_without_local_path(manifest), files)
             except BundleError as e:
                 log.error("skipping bundle %s: %s", path.name, e)
                 continue
@@ -106,7 +116,8 @@ class Registry:
             manifest = dict(manifest)
             # row ids of another deployment's store mean nothing here
             manifest.pop("trained_on", None)
-            manifest["seeded_from"] = {"version": manifest["version"], "path": str(seed)}
+            # where the seed came from, by its identity (never a local filesystem path)
+            manifest["seeded_from"] = {"version": manifest["version"], "lineage": manifest.get("lineage")}
             bundle = self.publish(manifest, files)
             log.info("imported seed bundle %s from %s as %s", manifest["version"], seed, bundle.version)
             return bundle
@@ -136,6 +147,8 @@ class Registry:
         with self._lock:
             manifest = dict(manifest)
             manifest["version"] = make_version(self._seq + 1)
+            if self.lineage is not None:
+                manifest["lineage"] = dict(self.lineage)
             final = write_bundle(self.root, manifest, files)
             self._seq += 1
             disk_manifest, disk_files = read_bundle(final)  # what readers will download

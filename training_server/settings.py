@@ -19,7 +19,8 @@ naming the variable; the server refuses to start with it.
 | `LATENCY_MAX_STORED_SAMPLES` | `1000000` | cap on stored rows; over it the oldest rows of the largest strata are evicted |
 | `LATENCY_MAX_BODY_BYTES` | `16777216` | largest accepted request body (413 above) |
 | `LATENCY_INGEST_QUEUE_SIZE` | `100000` | entries waiting for the store writer; when full, ingestion answers 429 with Retry-After |
-| `LATENCY_API_TOKEN` | unset | when set, write endpoints (`/add_training_data_bulk`, `/flush`) need `Authorization: Bearer <token>` |
+| `LATENCY_MAX_INFLIGHT_BYTES` | `16777216` | request body bytes being read and processed at once (>= `LATENCY_MAX_BODY_BYTES`); a body that does not fit gets 429 with Retry-After, unread |
+| `LATENCY_API_TOKEN` | unset | when set, write endpoints (`/add_training_data_bulk`, `/flush`) need `Authorization: Bearer <token>`; unset, `/flush` is allowed from loopback only |
 | `LATENCY_BUNDLES_KEEP` | `5` | published bundles kept on disk (for rollback) |
 | `LATENCY_PUBLISH_TOLERANCE` | `0.02` | a candidate is published only if its held-out pinball loss is at most (1 + this) x the served bundle's, per target |
 | `LATENCY_LOG_LEVEL` | `info` | `debug`, `info`, `warning`, `error` or `critical` |
@@ -141,6 +142,7 @@ _SPEC: dict[str, tuple[str, Callable[[Any], Any], Any]] = {
     "max_stored_samples": ("LATENCY_MAX_STORED_SAMPLES", _int(100, 10**9), 1_000_000),
     "max_body_bytes": ("LATENCY_MAX_BODY_BYTES", _int(1024, 1 << 30), 16 * 1024 * 1024),
     "ingest_queue_size": ("LATENCY_INGEST_QUEUE_SIZE", _int(1, 10**8), 100_000),
+    "max_inflight_bytes": ("LATENCY_MAX_INFLIGHT_BYTES", _int(1024, 1 << 34), 16 * 1024 * 1024),
     "api_token": ("LATENCY_API_TOKEN", _optional_token, None),
     "bundles_keep": ("LATENCY_BUNDLES_KEEP", _int(1, 1000), 5),
     "publish_tolerance": ("LATENCY_PUBLISH_TOLERANCE", _float(0.0, 1.0), 0.02),
@@ -166,6 +168,7 @@ class Settings:
     max_stored_samples: int = 1_000_000
     max_body_bytes: int = 16 * 1024 * 1024
     ingest_queue_size: int = 100_000
+    max_inflight_bytes: int = 16 * 1024 * 1024
     api_token: str | None = None
     bundles_keep: int = 5
     publish_tolerance: float = 0.02
@@ -188,6 +191,9 @@ class Settings:
                 values[name] = parse(default) if raw is None else parse(raw)
             except ValueError as e:
                 raise SettingsError(var, str(e)) from None
+        if values["max_inflight_bytes"] < values["max_body_bytes"]:
+            raise SettingsError("LATENCY_MAX_INFLIGHT_BYTES", f"must be >= LATENCY_MAX_BODY_BYTES "
+                                f"({values['max_body_bytes']}), or a body of the largest size is never admitted")
         return cls(**values)
 
     @property

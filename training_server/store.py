@@ -20,6 +20,7 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ CREATE TABLE IF NOT EXISTS samples (
     stratum INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_stratum_id ON samples (stratum, id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _INSERT = f"INSERT INTO samples ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -124,12 +126,22 @@ class SampleStore:
         self.inserted_total = 0
         self.evicted_total = 0
         self.commits_total = 0
+        #: identity of the store (uuid4 hex, unix seconds), set by open()
+        self.store_id = ""
+        self.created_at = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------
     def open(self) -> "SampleStore":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path)
         conn.executescript(_SCHEMA)
+        # the store's identity (bundle lineage): created with the store, kept across restarts
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                             [("store_id", uuid.uuid4().hex), ("created_at", repr(time.time()))])
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('store_id', 'created_at')"))
+        self.store_id, self.created_at = meta["store_id"], float(meta["created_at"])
         self._conn = conn
         self._recount()
         self._thread = threading.Thread(target=self._writer, name="sample-store-writer", daemon=True)
@@ -211,12 +223,12 @@ class SampleStore:
                     return
                 batch, n = [], 0
                 while self._jobs and (not batch or n + len(self._jobs[0].rows) <= MAX_ENTRIES_PER_COMMIT):
-                    job = self._jobs.pop(0)
-                    batch.append(job)
-                    n += len(job.rows)
-                    if job.kind == "flush":
+                    batch.append(self._jobs.pop(0))
+                    n += len(batch[-1].rows)
+                    if batch[-1].kind == "flush":
                         break
             self._run(batch)
+            del batch  # the committed rows are not kept while the writer waits
 
     def _release(self, batch: list[_Job]) -> None:
         """Free the batch's queue slots (before its futures resolve, so an acknowledged

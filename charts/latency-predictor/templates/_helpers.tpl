@@ -193,6 +193,8 @@ locally: latency-training-server --host H --port P --data-dir D.
       value: {{ int64 $t.maxBodyBytes | quote }}
     - name: LATENCY_INGEST_QUEUE_SIZE
       value: {{ int64 $t.ingestQueueSize | quote }}
+    - name: LATENCY_MAX_INFLIGHT_BYTES
+      value: {{ int64 $t.maxInflightBytes | quote }}
     - name: LATENCY_BUNDLES_KEEP
       value: {{ int64 $t.bundlesKeep | quote }}
     - name: LATENCY_PUBLISH_TOLERANCE
@@ -314,5 +316,8 @@ latency-prediction-server --host H --port P --training-server-url URL.
 {{- end -}}
 {{- if and .auth.enabled (not .auth.existingSecret) (not .auth.token) -}}
 {{- fail "auth.enabled needs auth.existingSecret (recommended) or auth.token" -}}
+{{- end -}}
+{{- if lt (int64 .training.maxInflightBytes) (int64 .training.maxBodyBytes) -}}
+{{- fail (printf "training.maxInflightBytes %d must be >= training.maxBodyBytes %d (a body of the largest size is never admitted otherwise)" (int64 .training.maxInflightBytes) (int64 .training.maxBodyBytes)) -}}
 {{- end -}}
 {{- end -}}
