@@ -19,22 +19,29 @@ Manifest keys (all JSON)::
     calibration      {target: {"offset_ms": float, "scale": float,
                                "by_regime": {regime: {"offset_ms", "scale"}}}}  (optional)
     training         {target: {"n_train": int, "n_test": int}}
-    metrics          {target: {"pinball": float, "coverage": float, ...}}
-    lineage          {"id": uuid4 hex, "created_at": unix seconds}   (the sample store trained from)
+    metrics          {target: {"pinball": float, "coverage": float, "residual_std": float, ...}}
+    lineage          {"id": hex, "created_at": unix seconds}   (optional: the store the
+                     bundle was trained from; see prediction_server.acceptance)
+
+Every number in a manifest must be finite, and the numbers the hot path uses must be in a
+sane range (:func:`validate_numbers`), so a forged or corrupted manifest is refused
+before it can make a server answer ``null`` or absurd latencies.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .matrix import KNOWN_FEATURES, SUPPORTED_SCHEMAS, TARGETS
+from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
 from .schema import RAW_COLUMNS
 from .prior import validate_prior
 
@@ -47,6 +54,16 @@ VERSION_RE = re.compile(r"^v\d{6,}-\d{8}T\d{6}Z$")
 FILE_RE = re.compile(r"^[a-z0-9_]+\.(ubj|json|txt)$")
 #: A model file larger than this is refused (bounded downloads and memory).
 MAX_MODEL_FILE_BYTES = 256 * 1024 * 1024
+#: Largest magnitude of a latency-valued manifest number (offsets, spreads, intercepts): one hour.
+MAX_ABS_MS = 3_600_000.0
+#: Range of a calibration scale (a multiplicative factor on model outputs).
+SCALE_RANGE = (1e-3, 1e3)
+#: Largest magnitude of a prior coefficient (ms per unit of a feature).
+MAX_ABS_COEF = 1e6
+LINEAGE_ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
+#: A lineage created further than this in the future (seconds, clock skew) is refused: it
+#: would otherwise outrank every lineage to come and pin the fleet.
+MAX_LINEAGE_SKEW_SEC = 86_400.0
 
 
 class BundleError(ValueError):
@@ -142,14 +159,92 @@ def validate_manifest(m: Any) -> dict:
         validate_prior(m["prior"])
     except (ValueError, TypeError) as e:
         raise BundleError(f"manifest.{e}") from None
+    validate_numbers(m)
+    if m.get("lineage") is not None:
+        validate_lineage(m["lineage"])
     return dict(m)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(path: str, value: Any, lo: float, hi: float) -> float:
+    if not _number(value) or not math.isfinite(value) or not lo <= value <= hi:
+        raise BundleError(f"manifest.{path} = {value!r} is not a finite number in [{lo:g}, {hi:g}]")
+    return float(value)
+
+
+def validate_numbers(m: Mapping) -> None:
+    """Every number anywhere in the manifest is finite; the ones the hot path uses are in
+    range: calibration scales in SCALE_RANGE and offsets within +-MAX_ABS_MS (globally and
+    per regime, regimes named by REGIME_NAMES), residual spreads in [0, MAX_ABS_MS], prior
+    intercepts within +-MAX_ABS_MS and coefficients within +-MAX_ABS_COEF. Raises
+    BundleError naming the key."""
+    stack: list[tuple[str, Any]] = [("", m)]
+    while stack:  # iterative: a deeply nested manifest cannot exhaust the stack
+        path, v = stack.pop()
+        if isinstance(v, Mapping):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise BundleError(f"manifest.{path} is not finite ({v!r})")
+    cal = m.get("calibration") or {}
+    if not isinstance(cal, Mapping):
+        raise BundleError("manifest.calibration must be an object")
+    for target, spec in cal.items():
+        if target not in TARGETS or not isinstance(spec, Mapping):
+            raise BundleError(f"manifest.calibration.{target} is not a target's calibration object")
+        entries = [(f"calibration.{target}", spec)]
+        by = spec.get("by_regime") or {}
+        if not isinstance(by, Mapping):
+            raise BundleError(f"manifest.calibration.{target}.by_regime must be an object")
+        for regime, r in by.items():
+            if regime not in REGIME_NAMES or not isinstance(r, Mapping):
+                raise BundleError(f"manifest.calibration.{target}.by_regime.{regime}: not one of {REGIME_NAMES}")
+            entries.append((f"calibration.{target}.by_regime.{regime}", r))
+        for path, e in entries:
+            _check(f"{path}.scale", e.get("scale", 1.0), *SCALE_RANGE)
+            _check(f"{path}.offset_ms", e.get("offset_ms", 0.0), -MAX_ABS_MS, MAX_ABS_MS)
+    metrics = m.get("metrics") or {}
+    if not isinstance(metrics, Mapping):
+        raise BundleError("manifest.metrics must be an object")
+    for target in TARGETS:
+        entry = metrics.get(target)
+        if isinstance(entry, Mapping) and entry.get("residual_std") is not None:
+            _check(f"metrics.{target}.residual_std", entry["residual_std"], 0.0, MAX_ABS_MS)
+    for target in TARGETS:
+        p = m["prior"][target]
+        _check(f"prior.{target}.intercept", p.get("intercept", 0.0), -MAX_ABS_MS, MAX_ABS_MS)
+        for name, w in (p.get("coef") or {}).items():
+            _check(f"prior.{target}.coef.{name}", w, -MAX_ABS_COEF, MAX_ABS_COEF)
+
+
+def validate_lineage(lineage: Any, now: float | None = None) -> tuple[str, float]:
+    """``{"id": lowercase hex (8-64 chars), "created_at": unix seconds}``, created no later
+    than MAX_LINEAGE_SKEW_SEC from ``now``; returns (id, created_at)."""
+    if not isinstance(lineage, Mapping):
+        raise BundleError("manifest.lineage must be an object {id, created_at}")
+    lid = lineage.get("id")
+    if not isinstance(lid, str) or not LINEAGE_ID_RE.match(lid):
+        raise BundleError("manifest.lineage.id must be 8 to 64 lowercase hex characters")
+    now = time.time() if now is None else now
+    created = _check("lineage.created_at", lineage.get("created_at"), 1e9, now + MAX_LINEAGE_SKEW_SEC)
+    return lid, created
 
 
 def verify_file(data: bytes, spec: Mapping, name: str = "") -> None:
     """Raise BundleError unless ``data`` matches the manifest entry's size and sha256."""
-    if len(data) != spec["size"]:
-        raise BundleError(f"{name or spec['file']}: size {len(data)} != manifest {spec['size']}")
-    if sha256_bytes(data) != spec["sha256"]:
+    verify_digest(len(data), sha256_bytes(data), spec, name)
+
+
+def verify_digest(size: int, sha256: str, spec: Mapping, name: str = "") -> None:
+    """Raise BundleError unless a file's size and sha256 (computed while streaming it)
+    match the manifest entry."""
+    if size != spec["size"]:
+        raise BundleError(f"{name or spec['file']}: size {size} != manifest {spec['size']}")
+    if sha256 != spec["sha256"]:
         raise BundleError(f"{name or spec['file']}: sha256 mismatch")
 
 
@@ -184,17 +279,36 @@ def write_bundle(root: Path, manifest: dict, files: Mapping[str, bytes]) -> Path
     return final
 
 
-def read_bundle(path: Path) -> tuple[dict, dict[str, bytes]]:
-    """Read and verify a bundle directory; returns (manifest, {file name: bytes})."""
+def read_manifest(path: Path, max_bytes: int = 1 << 20) -> dict:
+    """Read and validate the manifest of a bundle directory (at most ``max_bytes``)."""
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-    except (OSError, ValueError) as e:
+        with open(path / MANIFEST, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise BundleError(f"{path}: manifest larger than {max_bytes} bytes")
+        manifest = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as e:
         raise BundleError(f"{path}: cannot read manifest: {e}") from None
-    manifest = validate_manifest(manifest)
+    return validate_manifest(manifest)
+
+
+def declared_bytes(manifest: Mapping) -> int:
+    """Total size of a bundle's model files, as its manifest declares them."""
+    return sum(int(spec["size"]) for spec in manifest["models"].values())
+
+
+def read_bundle(path: Path, max_bytes: int | None = None) -> tuple[dict, dict[str, bytes]]:
+    """Read and verify a bundle directory; returns (manifest, {file name: bytes}). With
+    ``max_bytes``, a bundle declaring more model bytes is refused before anything is read,
+    and no file is read past its declared size."""
+    manifest = read_manifest(path)
+    if max_bytes is not None and declared_bytes(manifest) > max_bytes:
+        raise BundleError(f"{path}: model files declare {declared_bytes(manifest)} bytes > limit {max_bytes}")
     files: dict[str, bytes] = {}
     for target, spec in manifest["models"].items():
         try:
-            data = (path / spec["file"]).read_bytes()
+            with open(path / spec["file"], "rb") as f:
+                data = f.read(spec["size"] + 1)
         except OSError as e:
             raise BundleError(f"{path}: cannot read {spec['file']}: {e}") from None
         verify_file(data, spec, f"{manifest['version']}/{spec['file']}")

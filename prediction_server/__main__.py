@@ -17,7 +17,7 @@ import argparse  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from .settings import Settings, SettingsError  # noqa: E402
+from .settings import Settings, SettingsError, redact_url  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("prediction_server")
+    if settings.log_level != "debug":
+        # httpx logs every request at info: a bundle poll every few seconds is routine
+        # (debug); swaps and refusals are logged at info by the sync itself
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
     import uvicorn
 
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.bundle_dir:
         sources.append(f"directory {settings.bundle_dir}")
     if settings.training_server_url:
-        sources.append(f"{settings.training_server_url}/v1/bundles/latest every {settings.sync_interval_sec:g}s")
+        sources.append(f"{redact_url(settings.training_server_url)}/v1/bundles/latest every {settings.sync_interval_sec:g}s")
     log.info("prediction server listening on http://%s:%d; bundles from %s", settings.host, settings.port,
              " and ".join(sources) or "nowhere (serving the built-in prior)")
     if settings.enable_bench_routes:

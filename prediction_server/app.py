@@ -23,7 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from features.schema import row_json_schema
 
 from .metrics import CONTENT_TYPE
-from .service import PredictionService, StrictBatcher
+from .reload import CoalescedReload
+from .batcher import StrictBatcher
+from .service import PredictionService
 from .settings import Settings
 from .sync import BundleSync
 
@@ -252,18 +254,21 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
              include_in_schema=False)
 
     token = settings.api_token
+    app.state.reload = reload_sync = CoalescedReload(sync.sync_once)
 
+    # Status and probes run on the event loop (they never block): a worker thread pool
+    # filled by slow work can never delay a liveness or readiness probe.
     @app.get("/status", summary="Model status")
-    def status() -> dict:
+    async def status() -> dict:
         return service.status()
 
     @app.get("/healthz", summary="Process alive")
-    def healthz() -> dict:
+    async def healthz() -> dict:
         return {"status": "ok"}
 
     @app.get("/readyz", summary="200 only when a learned model is loaded",
              responses={503: {"description": "no learned model loaded yet"}})
-    def readyz() -> JSONResponse:
+    async def readyz() -> JSONResponse:
         served = service.served
         if served.learned:
             return JSONResponse({"status": "ready", "model_version": served.bundle.version})
@@ -271,7 +276,7 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
                              "model_version": served.bundle.version}, status_code=503)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    def metrics() -> Response:
+    async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/reload", summary="Sync bundles now and report the result",
@@ -285,7 +290,7 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
                 service.metrics.count("/reload", 401)
                 return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
-        result = await run_in_threadpool(sync.sync_once)
+        result = await reload_sync()  # concurrent reloads share one sync (prediction_server.reload)
         code = 502 if result["result"] == "failed" else 200
         service.metrics.count("/reload", code)
         return JSONResponse(result, status_code=code)

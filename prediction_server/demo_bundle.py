@@ -79,10 +79,12 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
 
 
 def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
-                 calibration: dict | None = None, max_depth: int = 5) -> Path:
+                 calibration: dict | None = None, max_depth: int = 5, lineage: dict | None = None) -> Path:
     """Train (cached per kind/rounds/depth) and write bundle ``seq`` under ``root``; returns its dir.
-    The training server's default recipe is 200 rounds of depth 4 (the benchmark uses that)."""
-    files, models, metrics = train_files(kind, rounds, max_depth=max_depth)
+    The training server's default recipe is 200 rounds of depth 4 (the benchmark uses that).
+    ``kind="prior"`` writes a prior-only bundle (no model files); ``lineage`` is copied into
+    the manifest as is."""
+    files, models, metrics = ({}, {}, {}) if kind == "prior" else train_files(kind, rounds, max_depth=max_depth)
     manifest = {
         "version": make_version(seq),
         "created_at": datetime.now(timezone.utc).isoformat(),
@@ -99,4 +101,6 @@ def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
     }
     if calibration:
         manifest["calibration"] = calibration
+    if lineage is not None:
+        manifest["lineage"] = lineage
     return write_bundle(Path(root), manifest, files)

@@ -14,11 +14,20 @@ import numpy as np
 
 from features.bundle import BundleError, validate_manifest
 from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
-from features.schema import RAW_COLUMNS
+from features.schema import parse_row
 from features.prior import DEFAULT_PRIOR, LinearPrior
 
 # z for a two-sided 90% band around the prediction when reporting bounds
 _Z = 1.645
+
+
+def probe_rows() -> np.ndarray:
+    """One ordinary row per load regime (queue empty/queued x KV below/above 80%, in
+    REGIME_NAMES order): the rows a bundle must answer before it is served."""
+    rows = [parse_row({"kv_cache_percentage": kv, "input_token_length": 512, "num_request_waiting": waiting,
+                       "num_request_running": 4, "num_tokens_generated": 16, "prefix_cache_score": 0.25})
+            for kv in (0.3, 0.9) for waiting in (0, 3)]
+    return np.array(rows, dtype=np.float64)
 
 
 def _load_xgboost(data: bytes, fmt: str):
@@ -109,9 +118,11 @@ class _Calibration:
         if by:
             cal.regime_scale = np.array([float(by.get(r, {}).get("scale", cal.scale)) for r in REGIME_NAMES])
             cal.regime_offset = np.array([float(by.get(r, {}).get("offset_ms", cal.offset)) for r in REGIME_NAMES])
-        for v in (cal.scale, cal.offset):
-            if not np.isfinite(v):
-                raise BundleError("calibration values must be finite")
+        values = [cal.scale, cal.offset]
+        if cal.regime_scale is not None:
+            values += [*cal.regime_scale.tolist(), *cal.regime_offset.tolist()]
+        if not np.isfinite(values).all():
+            raise BundleError("calibration values must be finite")
         return cal
 
     def apply(self, y: np.ndarray, raw: np.ndarray) -> np.ndarray:
@@ -164,17 +175,28 @@ class LoadedBundle:
         calibration = {t: _Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
         metrics = m.get("metrics") or {}
         uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
+        if not all(np.isfinite(u) and u >= 0 for u in uncertainty.values()):
+            raise BundleError(f"bundle {m['version']}: residual spreads must be finite and >= 0")
         names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
         bundle = cls(version=m["version"], source="learned" if predictors else "prior",
                      model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
                      manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
                      _calibration=calibration, _uncertainty=uncertainty, _names=names)
-        # smoke test: a bundle that cannot answer one row is not swapped in
-        probe = np.zeros((1, len(RAW_COLUMNS)))
-        for t, y in zip(TARGETS, bundle.predict(probe)):
-            if y.shape != (1,) or not np.isfinite(y).all():
-                raise BundleError(f"bundle {m['version']}: {t} model gives a non-finite prediction")
+        bundle.smoke_test()
         return bundle
+
+    def smoke_test(self) -> None:
+        """A bundle that cannot answer an ordinary row in every load regime with a finite,
+        positive latency is not served (BundleError naming the target and regime)."""
+        probe = probe_rows()
+        assert sorted(regimes(probe).tolist()) == list(range(len(REGIME_NAMES)))
+        for t, y in zip(TARGETS, self.predict(probe)):
+            if y.shape != (len(probe),):
+                raise BundleError(f"bundle {self.version}: {t} model answers {y.shape} for {len(probe)} rows")
+            for regime, v in zip(regimes(probe), y.tolist()):
+                if not (np.isfinite(v) and v > 0):
+                    raise BundleError(f"bundle {self.version}: {t} prediction {v!r} in regime "
+                                      f"{REGIME_NAMES[regime]} is not a finite positive latency")
 
     def has_model(self, target: str) -> bool:
         return target in self._predictors

@@ -3,11 +3,11 @@
 Every prediction method reads the served state (bundle + constant response fields) once,
 through one reference, so all rows of a response come from the same bundle even if a
 swap happens meanwhile. Swapping is a single reference assignment (:meth:`swap`),
-guarded so that an older bundle never replaces a newer one.
+guarded by the acceptance rule of :mod:`prediction_server.acceptance` (lineage, version,
+never a prior-only bundle over a learned model).
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from features.bundle import BundleError, version_seq
 from features.matrix import raw_matrix
 from features.schema import COL, RAW_COLUMNS, FieldError, parse_row
 
+from .acceptance import Rank, refusal
 from .metrics import Metrics
 from .model import LoadedBundle
-from .settings import Settings
+from .settings import Settings, redact_url
 
 log = logging.getLogger("prediction_server")
 
@@ -53,20 +53,12 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _seq(bundle: LoadedBundle) -> int:
-    """Sequence number of a bundle; the built-in prior is older than any published bundle."""
-    try:
-        return version_seq(bundle.version)
-    except BundleError:
-        return -1
-
-
 @dataclass(frozen=True)
 class Served:
     """The served bundle with the constant parts of every prediction object precomputed."""
 
     bundle: LoadedBundle
-    seq: int
+    rank: Rank  # what prediction_server.acceptance compares
     learned: bool
     model_type: str
     last_model_load: str
@@ -86,7 +78,8 @@ class Served:
         const = (("model_type", model_type), ("objective_type", bundle.objective),
                  ("quantile", float(bundle.quantile)), ("last_model_load", last),
                  ("model_version", bundle.version), ("model_source", bundle.source))
-        return cls(bundle, _seq(bundle), bundle.source == "learned", model_type, last, const,
+        learned = bundle.source == "learned"
+        return cls(bundle, Rank.of(bundle.manifest, bundle.version, learned), learned, model_type, last, const,
                    ut, up, z * ut, z * up)
 
     def render(self, ttft: np.ndarray, tpot: np.ndarray, predicted_at: str) -> list[dict]:
@@ -132,6 +125,18 @@ def _requests_list(body: bytes, max_rows: int) -> list:
     return rows
 
 
+def _echo(row: Any) -> Any:
+    """A bad row as its error entry shows it: flat, never the client's nesting (a deeply
+    nested row would exceed the JSON encoder's depth). Nested values are replaced by a
+    marker naming their type; the error's ``loc`` names the field at fault."""
+    if type(row) is dict:
+        return {k: v if v is None or type(v) in (str, int, float, bool) else f"<{type(v).__name__} omitted>"
+                for k, v in row.items()}
+    if row is None or type(row) in (str, int, float, bool):
+        return row
+    return f"<{type(row).__name__} omitted>"
+
+
 class PredictionService:
     """Predictions, status and bundle swapping; the HTTP layer is a thin adapter over this."""
 
@@ -153,14 +158,23 @@ class PredictionService:
     def bundle(self) -> LoadedBundle:
         return self._served.bundle
 
+    def refusal(self, manifest: dict) -> str | None:
+        """Why a bundle with this (validated) manifest would not replace the served one
+        (``prediction_server.acceptance``), or None when it would."""
+        return refusal(self._served.rank, Rank.of_manifest(manifest))
+
     def swap(self, bundle: LoadedBundle) -> bool:
-        """Serve ``bundle`` if it is newer than the served one; True when swapped."""
+        """Serve ``bundle`` if the acceptance rule lets it replace the served one; True when
+        swapped. A refusal is logged at info (it is not a failure)."""
         new = Served.of(bundle)
         with self._swap_lock:
             old = self._served
-            if new.seq <= old.seq:
-                return False
-            self._served = new  # the atomic swap: one reference assignment
+            why = refusal(old.rank, new.rank)
+            if why is None:
+                self._served = new  # the atomic swap: one reference assignment
+        if why is not None:
+            log.info("bundle refused: %s; keeping %s", why, old.bundle.version)
+            return False
         self._publish(new)
         self.metrics.swaps.inc()
         log.info("serving bundle %s (%s, %s) instead of %s", bundle.version, bundle.source, new.model_type,
@@ -243,7 +257,8 @@ class PredictionService:
                 good.append(parse_row(row, ("requests", i)))
                 good_idx.append(i)
             except FieldError as e:
-                errors.append({"index": i, "error": str(e), "loc": e.to_detail(("body",))["loc"], "request": row})
+                errors.append({"index": i, "error": str(e), "loc": e.to_detail(("body",))["loc"],
+                               "request": _echo(row)})
         preds: list = [None] * len(rows)
         if good:
             raw = np.array(good, dtype=np.float64).reshape(len(good), len(RAW_COLUMNS))
@@ -336,68 +351,7 @@ class PredictionService:
         b = s.bundle
         return {"is_ready": s.learned, "model_type": s.model_type, "objective_type": b.objective,
                 "quantile": b.quantile, "last_model_load": s.last_model_load,
-                "training_server_url": self.settings.training_server_url or None,
+                "training_server_url": redact_url(self.settings.training_server_url) or None,
                 "models_exist": {"ttft": b.has_model("ttft"), "tpot": b.has_model("tpot")},
                 "model_version": b.version, "model_source": b.source,
                 "bundle_dir": self.settings.bundle_dir}
-
-
-class StrictBatcher:
-    """``POST /predict/bulk/strict`` for concurrent requests on one event loop: each request
-    is validated on its own (its own 422), then the rows of all requests waiting in the same
-    loop iteration go through ONE ``bundle.predict`` call (the model runtime's fixed cost,
-    mostly XGBoost's per-call overhead, is paid once per batch instead of once per request).
-    Trees score rows independently, so every row's numbers are exactly those of a request
-    alone; the batch uses one bundle reference, so a response never mixes bundles. A lone
-    request waits one loop iteration. The queue is bounded by the open connections (one
-    request in flight per HTTP/1.1 connection)."""
-
-    ENDPOINT = "/predict/bulk/strict"
-
-    def __init__(self, service: PredictionService) -> None:
-        self.service = service
-        self._pending: list[tuple[np.ndarray, Any, float]] = []
-        self._loop: Any = None
-        self.flushes = 0  # batches predicted (observability, tests)
-
-    async def __call__(self, body: bytes) -> tuple[int, bytes]:
-        svc = self.service
-        t0 = time.perf_counter()
-        try:
-            raw = svc._strict_raw(body, svc._served)
-        except HTTPError as e:
-            svc.metrics.count(self.ENDPOINT, e.status)
-            return e.status, e.body()
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # (a loop that stopped with requests pending leaves none behind)
-            self._loop, self._pending = loop, []
-        fut = loop.create_future()
-        self._pending.append((raw, fut, t0))
-        if len(self._pending) == 1:
-            loop.call_soon(self._flush)
-        return await fut
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        self.flushes += 1
-        svc = self.service
-        served = svc._served  # one bundle for every row of the batch
-        try:
-            raw = batch[0][0] if len(batch) == 1 else np.concatenate([b[0] for b in batch])
-            ttft, tpot = served.bundle.predict(raw)
-            predicted_at = rfc3339(time.time())
-            off = 0
-            for raw_i, fut, t0 in batch:
-                n = raw_i.shape[0]
-                out = svc._strict_out(served, ttft[off:off + n], tpot[off:off + n], predicted_at)
-                off += n
-                dt = time.perf_counter() - t0
-                out["processing_time_ms"] = dt * 1000.0
-                payload = orjson.dumps(out)
-                svc.metrics.observe(self.ENDPOINT, 200, dt, n, served.bundle.source)
-                if not fut.done():
-                    fut.set_result((200, payload))
-        except Exception as e:  # a bug: every waiting request gets it (the HTTP layer answers 500)
-            for _, fut, _ in batch:
-                if not fut.done():
-                    fut.set_exception(e)

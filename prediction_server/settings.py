@@ -27,6 +27,8 @@ Environment variable                    Default                      Meaning
 ``LATENCY_ENABLE_BENCH_ROUTES``         ``false``                    ``POST /bench/noop`` (benchmark floor);
                                                                      never enable in production
 ``LATENCY_SYNC_TIMEOUT_SEC``            ``10``                       per-request timeout of bundle downloads
+``LATENCY_MAX_BUNDLE_BYTES``            ``67108864``                 bundles whose model files declare more
+                                                                     bytes (in all) are refused unread
 ======================================  ===========================  ===========================================
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 
 class SettingsError(ValueError):
@@ -108,6 +110,14 @@ def _url(env: str, value: str) -> str:
     return v
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any user:password replaced by ``***`` (for /status and logs)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def _log_level(env: str, value: str) -> str:
     v = value.strip().lower()
     if v not in _LOG_LEVELS:
@@ -138,6 +148,7 @@ class Settings:
     access_log: bool = False
     enable_bench_routes: bool = False
     sync_timeout_sec: float = 10.0
+    max_bundle_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -194,5 +205,6 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "access_log": ("LATENCY_ACCESS_LOG", _bool),
     "enable_bench_routes": ("LATENCY_ENABLE_BENCH_ROUTES", _bool),
     "sync_timeout_sec": ("LATENCY_SYNC_TIMEOUT_SEC", _float(0.0, 3600.0, open_lo=True)),
+    "max_bundle_bytes": ("LATENCY_MAX_BUNDLE_BYTES", _int(64 * 1024, 1 << 30)),
 }
 _BOOLS = frozenset({"refuse_without_model", "access_log", "enable_bench_routes"})

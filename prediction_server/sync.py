@@ -1,23 +1,31 @@
 """Bundle sync: keep the served bundle up to date, never worse than the last good one.
 
 Two sources, checked in this order on every poll:
-- a local bundle directory (``LATENCY_BUNDLE_DIR``, e.g. a shared volume): the newest
-  complete bundle newer than the served one (``features.bundle.list_bundles`` /
+- a local bundle directory (``LATENCY_BUNDLE_DIR``, e.g. a shared volume): the best
+  complete bundle the acceptance rule takes (``features.bundle.list_bundles`` /
   ``read_bundle``, which verify size and sha256);
 - the training server (``TRAINING_SERVER_URL``): ``GET /v1/bundles/latest`` with
   ``If-None-Match``, then ``GET /v1/bundles/{version}/{file}`` for each model file,
-  bounded in size (the manifest's size) and time (timeouts and a total deadline), verified
-  with ``features.bundle.verify_file``.
+  bounded in size (the manifest's size, and ``LATENCY_MAX_BUNDLE_BYTES`` for the whole
+  bundle), decoding and time (``prediction_server.download``), streamed to a temporary
+  file and verified with ``features.bundle.verify_digest``.
 
-A verified bundle is loaded (``LoadedBundle.from_files``, which smoke-tests it) and handed
-to ``PredictionService.swap`` (one reference assignment; never an older version). Any
-failure keeps the served bundle, is logged and counted by reason, and is retried on the
-next poll with bounded exponential backoff. The poller is a daemon thread; the event loop
-never blocks on it. ``sync_once`` is also what ``POST /reload`` calls (in a worker thread).
+Only bundles the acceptance rule (``prediction_server.acceptance``: lineage, version,
+learned over prior-only) would serve are fetched at all. A verified bundle is loaded
+(``LoadedBundle.from_files``, which smoke-tests it in every load regime) and handed to
+``PredictionService.swap`` (one reference assignment, the same rule). Any failure keeps
+the served bundle, is logged and counted by reason, and is retried on the next poll with
+bounded exponential backoff; a refused bundle is logged once at info and not fetched
+again. Routine polls log at debug. The poller is a daemon thread; the event loop never
+blocks on it. ``sync_once`` is also what ``POST /reload`` runs (``prediction_server.reload``
+coalesces concurrent reloads into one sync in a worker thread).
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,8 +34,11 @@ from typing import Any
 import httpx
 import orjson
 
-from features.bundle import BundleError, list_bundles, read_bundle, validate_manifest, verify_file, version_seq
+from features.bundle import (BundleError, declared_bytes, list_bundles, read_bundle, read_manifest, validate_manifest,
+                             verify_digest, version_seq)
 
+from .acceptance import Rank
+from .download import SyncFailure, bounded_get
 from .model import LoadedBundle
 from .service import PredictionService
 from .settings import Settings
@@ -40,11 +51,16 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_BACKOFF_SEC = 60.0
 
 
-class SyncFailure(Exception):
-    def __init__(self, reason: str, msg: str, status: int | None = None) -> None:
-        self.reason = reason
-        self.status = status
-        super().__init__(msg)
+class _HashingSink:
+    """A file-like sink that hashes what it writes."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.f.write(data)
 
 
 class BundleSync:
@@ -61,6 +77,7 @@ class BundleSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._etag: str | None = None
+        self._refused: str | None = None  # the last refused remote version (logged once)
         self.failures_in_a_row = 0
         self.last_result: dict[str, Any] = {"result": "never"}
 
@@ -125,6 +142,7 @@ class BundleSync:
             self.failures_in_a_row = 0
             if updated is not None:
                 return self._done({"result": "updated", "version": updated})
+            log.debug("bundle poll: unchanged, serving %s", self.service.bundle.version)
             return self._done({"result": "unchanged"})
 
     def _done(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -139,24 +157,38 @@ class BundleSync:
 
     # ---- local directory ----------------------------------------------------------------
     def _sync_dir(self) -> str | None:
+        """Serve the best bundle of the directory the acceptance rule accepts (newest lineage,
+        then highest version), falling back to the next one when a bundle is broken. A
+        manifest that cannot be read is reported only when its version is above the served
+        one (broken old bundles are not news)."""
         if self._dir is None:
             return None
-        served = self.service.served.seq
+        served_seq = self.service.served.rank.seq
         errors = []
-        for path in reversed(list_bundles(self._dir)):
-            if version_seq(path.name) <= served:
-                break
+        candidates = []
+        for path in list_bundles(self._dir):
             try:
-                manifest, files = read_bundle(path)
+                manifest = read_manifest(path)
+                if manifest["version"] != path.name:
+                    raise BundleError(f"{path.name}: manifest names version {manifest['version']!r}")
+            except BundleError as e:
+                if version_seq(path.name) > served_seq:
+                    errors.append(str(e))
+                continue
+            if self.service.refusal(manifest) is None:
+                candidates.append((Rank.of_manifest(manifest).key(), path))
+        for _, path in sorted(candidates, reverse=True):
+            try:
+                manifest, files = read_bundle(path, self.settings.max_bundle_bytes)
                 if manifest["version"] != path.name:
                     raise BundleError(f"{path.name}: manifest names version {manifest['version']!r}")
                 bundle = LoadedBundle.from_files(manifest, files)
             except BundleError as e:
                 errors.append(str(e))
-                continue  # try the next newest that is still newer than the served one
+                continue  # try the next best
             if self._offer(bundle):
                 if errors:
-                    log.warning("skipped broken newer bundles: %s", "; ".join(errors))
+                    log.warning("skipped broken bundles: %s", "; ".join(errors))
                 return bundle.version
             break
         if errors:
@@ -171,35 +203,33 @@ class BundleSync:
                                         transport=self._transport, follow_redirects=False)
         return self._client
 
-    def _get(self, path: str, limit: int, deadline: float, headers: dict | None = None) -> httpx.Response | bytes:
-        """GET with a size limit and a total deadline; returns the bytes (or the 304 response)."""
-        try:
-            with self._http().stream("GET", path, headers=headers) as resp:
-                if resp.status_code == 304:
-                    return resp
-                if resp.status_code != 200:
-                    raise SyncFailure("http_status", f"GET {path}: HTTP {resp.status_code}", resp.status_code)
-                declared = resp.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > limit:
-                    raise SyncFailure("too_large", f"GET {path}: {declared} bytes > limit {limit}")
-                buf = bytearray()
-                for chunk in resp.iter_bytes():
-                    buf += chunk
-                    if len(buf) > limit:
-                        raise SyncFailure("too_large", f"GET {path}: more than {limit} bytes")
-                    if time.monotonic() > deadline:
-                        raise SyncFailure("timeout", f"GET {path}: download exceeded its deadline")
-                return bytes(buf)
-        except httpx.TimeoutException as e:
-            raise SyncFailure("timeout", f"GET {path}: {type(e).__name__}") from None
-        except httpx.HTTPError as e:
-            raise SyncFailure("network", f"GET {path}: {type(e).__name__}: {e}") from None
+    def _get(self, path: str, limit: int, deadline: float, headers: dict | None = None) -> bytes | None:
+        """A small body (the manifest) in memory; None for a 304."""
+        buf = io.BytesIO()
+        n = bounded_get(self._http(), path, limit, deadline, buf, headers)
+        return None if n is None else buf.getvalue()
+
+    def _fetch_file(self, path: str, spec: dict, deadline: float, name: str) -> bytes:
+        """A model file, streamed to a temporary file (at most its declared size) and hashed
+        on the way; read back into memory only once verified."""
+        with tempfile.TemporaryFile(prefix="bundle-") as f:
+            sink = _HashingSink(f)
+            n = bounded_get(self._http(), path, spec["size"], deadline, sink)
+            if n is None:
+                raise SyncFailure("http_status", f"GET {path}: unexpected 304", 304)
+            if n < spec["size"]:
+                raise SyncFailure("truncated", f"{path}: {n} bytes, manifest says {spec['size']}")
+            try:
+                verify_digest(n, sink.sha256.hexdigest(), spec, name)
+            except BundleError as e:
+                raise SyncFailure("checksum", str(e)) from None
+            f.seek(0)
+            return f.read()
 
     def _sync_remote(self) -> str | None:
         if not self._url:
             return None
         deadline = time.monotonic() + 3 * self.settings.sync_timeout_sec
-        served = self.service.served
         headers = {"If-None-Match": f'"{self._etag}"'} if self._etag else None
         try:
             resp = self._get("/v1/bundles/latest", MAX_MANIFEST_BYTES, deadline, headers)
@@ -207,7 +237,7 @@ class BundleSync:
             if e.status == 404:
                 return None  # nothing published yet: not a failure
             raise
-        if not isinstance(resp, bytes):
+        if resp is None:
             return None  # 304: unchanged
         try:
             manifest = orjson.loads(resp)
@@ -219,25 +249,23 @@ class BundleSync:
             reason = "unknown_schema" if "schema" in str(e) or "raw_columns" in str(e) else "bad_manifest"
             raise SyncFailure(reason, str(e)) from None
         version = manifest["version"]
-        if version_seq(version) <= served.seq:
-            # same or older than what we serve: never downgrade; remember it to get 304s
-            self._etag = version if version_seq(version) == served.seq else self._etag
-            if version_seq(version) < served.seq:
-                log.warning("training server offers %s, older than served %s: ignored", version,
-                            served.bundle.version)
+        why = self.service.refusal(manifest)
+        if why is not None:
+            # served or refused: remember it to get 304s until something else is published
+            self._etag = version
+            if self._refused != version:
+                self._refused = version
+                if version != self.service.bundle.version:
+                    log.info("training server offers %s: refused (%s)", version, why)
             return None
+        total = declared_bytes(manifest)
+        if total > self.settings.max_bundle_bytes:
+            raise SyncFailure("too_large", f"bundle {version} declares {total} model bytes > "
+                                           f"LATENCY_MAX_BUNDLE_BYTES={self.settings.max_bundle_bytes}")
         files = {}
         for target, spec in manifest["models"].items():
-            path = f"/v1/bundles/{version}/{spec['file']}"
-            data = self._get(path, spec["size"], deadline)
-            assert isinstance(data, bytes)
-            if len(data) < spec["size"]:
-                raise SyncFailure("truncated", f"{path}: {len(data)} bytes, manifest says {spec['size']}")
-            try:
-                verify_file(data, spec, f"{version}/{spec['file']}")
-            except BundleError as e:
-                raise SyncFailure("checksum", str(e)) from None
-            files[spec["file"]] = data
+            files[spec["file"]] = self._fetch_file(f"/v1/bundles/{version}/{spec['file']}", spec, deadline,
+                                                   f"{version}/{spec['file']}")
         try:
             bundle = LoadedBundle.from_files(manifest, files)
         except BundleError as e:

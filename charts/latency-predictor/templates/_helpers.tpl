@@ -269,6 +269,8 @@ latency-prediction-server --host H --port P --training-server-url URL.
       value: {{ int64 $p.maxBatchRows | quote }}
     - name: LATENCY_SYNC_TIMEOUT_SEC
       value: {{ $p.syncTimeoutSec | toString | quote }}
+    - name: LATENCY_MAX_BUNDLE_BYTES
+      value: {{ int64 $p.maxBundleBytes | quote }}
     - name: LATENCY_ACCESS_LOG
       value: {{ $p.accessLog | toString | quote }}
     - name: LATENCY_QUANTILE_ALPHA
