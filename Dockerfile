@@ -50,7 +50,6 @@ lightgbm==4.7.0
 matplotlib==3.11.2
 narwhals==2.29.0
 numpy==2.4.6
-nvidia-nccl-cu12==2.32.3
 opentelemetry-api==1.45.2
 orjson==3.13.0
 packaging==26.2
@@ -74,11 +73,12 @@ uvicorn==0.55.0
 uvloop==0.23.0
 watchfiles==1.3.0
 websockets==17.4
-xgboost==3.2.0
+xgboost-cpu==3.2.0
 EOF
 
 WORKDIR /build/src
-# Only what the package needs (see .dockerignore): no tests, data, or VCS files.
+# Only what the package needs (see .dockerignore): no tests or VCS files (the data sets the
+# simulator replays ship inside the load package, load/data).
 COPY pyproject.toml README.md ./
 COPY features ./features
 COPY training_server ./training_server
@@ -86,10 +86,9 @@ COPY prediction_server ./prediction_server
 COPY epp_client ./epp_client
 COPY load ./load
 COPY latency_cli ./latency_cli
-# The servers run XGBoost on CPU only: drop the ~200 MB NCCL wheel XGBoost pulls in on
-# Linux, then prove both servers' imports and both model libraries work in this venv.
+# The package depends on xgboost-cpu (no NCCL wheel); prove both servers' imports and both
+# model libraries work in this venv.
 RUN pip install --no-build-isolation --constraint /build/constraints.txt . \
- && pip uninstall -y nvidia-nccl-cu12 \
  && python -c "import training_server.__main__, prediction_server.__main__, xgboost, lightgbm" \
  && latency-training-server --help >/dev/null \
  && latency-prediction-server --help >/dev/null \

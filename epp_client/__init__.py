@@ -1,7 +1,7 @@
 """epp_client: the endpoint picker's predicted-latency plugins as a Python library.
 
 Routes exactly as an llm-d gateway with predicted-latency routing would (same plugins,
-parameters, defaults and decision rules; ``../shared/design/epp-plugins.md``), with the
+parameters, defaults and decision rules; ``docs/plugins.md``), with the
 deliberate differences of Part A.2.
 
 Public API::

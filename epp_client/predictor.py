@@ -7,7 +7,7 @@ Protocol (duck-typed; both implementations below follow it)::
     metrics: PredictorMetrics                                        # counters, latency
     close() / async aclose()
 
-``rows`` are wire feature rows (``wire-api.md`` §1.1), one per candidate endpoint.
+``rows`` are wire feature rows (``docs/wire-api.md`` §1.1), one per candidate endpoint.
 ``None`` means "no predictions" (any failure: invalid rows, too many rows, connection
 error, non-200, count mismatch, deadline); the caller then falls back (B1.9) and never
 blocks. Predictions map to rows by position.

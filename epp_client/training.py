@@ -1,7 +1,7 @@
 """Training sinks: where the producer sends training entries.
 
 Protocol: ``add(entries: list[dict]) -> None`` (never blocks on the network), plus
-``close()``. Entries are wire dicts (``wire-api.md`` §1.1 row + ``actual_ttft_ms``,
+``close()``. Entries are wire dicts (``docs/wire-api.md`` §1.1 row + ``actual_ttft_ms``,
 ``actual_tpot_ms``, ``timestamp``, and our extension ``predicted_ttft_ms``,
 ``predicted_tpot_ms``, ``model_version``).
 

@@ -1,4 +1,4 @@
-"""Data types shared by every plugin (``epp-plugins.md`` Part A.1).
+"""Data types shared by every plugin (``docs/plugins.md`` Part A.1).
 
 Plain dataclasses; every field has a default so tests and routers can build partial
 ones. One :class:`Endpoint` per data-parallel rank (B4.6): ``name`` is unique per rank

@@ -92,7 +92,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: The upstream llm-d recipe's feature set (evaluation.md §1 reference), for comparisons.
+#: The upstream llm-d recipe's feature set (docs/evaluation.md §1 reference), for comparisons.
 UPSTREAM_FEATURES: dict[str, tuple[str, ...]] = {
     "ttft": ("kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
              "is_queued", "prefill_tokens_in_flight", "decode_tokens_in_flight", "prefix_cache_score",
@@ -149,7 +149,7 @@ def schema_description(feature_set: str = "default") -> dict:
     }
 
 
-#: Load regimes for calibration and reporting (evaluation.md §1): queue empty/queued × KV below/above 80%.
+#: Load regimes for calibration and reporting (docs/evaluation.md §1): queue empty/queued × KV below/above 80%.
 REGIME_NAMES = ("idle_lowkv", "queued_lowkv", "idle_highkv", "queued_highkv")
 HIGH_KV = 0.8
 

@@ -1,6 +1,6 @@
 """The wire fields of a feature row and a training entry, and their validation.
 
-This is the single definition of what a row may contain (``wire-api.md`` §1.1).
+This is the single definition of what a row may contain (``docs/wire-api.md`` §1.1).
 Validation turns a decoded JSON object into a fixed-order list of floats (the *raw*
 columns, ``RAW_COLUMNS``) and raises :class:`FieldError` naming the field at fault.
 Everything downstream (the model matrix, the sample store, the prior) works on raw
@@ -51,7 +51,7 @@ class WireField:
     doc: str = ""
 
 
-#: Feature-row fields in raw-column order (``wire-api.md`` §1.1).
+#: Feature-row fields in raw-column order (``docs/wire-api.md`` §1.1).
 ROW_FIELDS: tuple[WireField, ...] = (
     WireField("kv_cache_percentage", "float", 0.0, 1.0, doc="KV-cache use as a fraction in [0, 1]"),
     WireField("input_token_length", "int", 0, MAX_INT, doc="prompt tokens"),

@@ -1,4 +1,4 @@
-"""Ingestion benchmark of the training server (evaluation.md §3).
+"""Ingestion benchmark of the training server (docs/evaluation.md §3).
 
 Starts a real training server process on 127.0.0.1 (fresh temp data dir, pinned to one
 core with ``taskset`` when available), then one client posts ``POST /add_training_data_bulk``

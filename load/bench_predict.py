@@ -1,9 +1,9 @@
-"""Prediction-server speed benchmark (evaluation.md §2).
+"""Prediction-server speed benchmark (docs/evaluation.md §2).
 
     python -m load.bench_predict [--seconds 10] [--repeats 3] [--rows 16,64] [--concurrency 1,8,32]
                                  [--model xgboost] [--out results.json] [--no-swap-check]
 
-Trains a quick real model from ``../shared/data/llmd-h200-traces/sharegpt-h200.jsonl``,
+Trains a quick real model from the recorded llm-d trace (``load.data.SHAREGPT``),
 writes it as a bundle into a temporary directory and starts ONE prediction server process
 on loopback in local-bundle-directory mode (pinned to core 0 with ``taskset`` when the
 machine has 2+ cores), with ``LATENCY_ENABLE_BENCH_ROUTES=true`` so that ``POST

@@ -1,4 +1,4 @@
-"""Prequential replay through real servers (evaluation.md §1, online protocol).
+"""Prequential replay through real servers (docs/evaluation.md §1, online protocol).
 
 ``python -m load.prequential TRACE.jsonl [--rate 50] [--before 60] [--after 60] [--factor 1.5]
 [--out DIR]`` starts a real training server and a real prediction server (subprocesses on

@@ -1,4 +1,4 @@
-"""Record the simulator traces used by ``latency-predictor evaluate`` (evaluation.md §1).
+"""Record the simulator traces used by ``latency-predictor evaluate`` (docs/evaluation.md §1).
 
 ``python -m load.record_traces OUT_DIR`` runs the simulator (llm-d default scorers, load
 1.0, seed 0) on the ``sessions`` scenario (prefix-heavy multi-turn chat) and the

@@ -1,4 +1,4 @@
-"""prediction_server: the stateless prediction service (wire-api.md §1.2 and §2).
+"""prediction_server: the stateless prediction service (docs/wire-api.md §1.2 and §2).
 
 Modules:
 - ``settings``: the one validated ``Settings`` (``Settings.from_env(environ, **overrides)``).

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from features.apidocs import install_api_docs
 from features.schema import row_json_schema
 
 from .metrics import CONTENT_TYPE
@@ -221,7 +222,8 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
             await run_in_threadpool(sync.stop)
 
     app = _App(title="latency prediction server", version="1", lifespan=lifespan,
-               max_body_size=settings.max_body_bytes)
+               max_body_size=settings.max_body_bytes, docs_url=None, redoc_url=None)
+    install_api_docs(app)  # offline /docs (no CDN)
     app.state.service = service
     app.state.sync = sync
     app.state.settings = settings

@@ -1,8 +1,8 @@
 """Build real model bundles from a recorded trace, without the training server.
 
 Used by the prediction-server tests and by ``load/bench_predict.py``: a quick XGBoost or
-LightGBM quantile model per target, trained on ``../shared/data/llmd-h200-traces/
-sharegpt-h200.jsonl`` with the one feature builder (``features.matrix.model_matrix``),
+LightGBM quantile model per target, trained on the recorded llm-d trace shipped in
+``load/data/llmd-h200-traces/`` (``load.data.SHAREGPT``) with the one feature builder (``features.matrix.model_matrix``),
 saved in the library's native format and written with ``features.bundle.write_bundle``.
 This is not the production trainer (that is ``training_server``); it only has to produce
 genuine bundles of both kinds.
@@ -20,9 +20,8 @@ from features.bundle import make_version, write_bundle
 from features.matrix import TARGETS, model_matrix, schema_description
 from features.prior import DEFAULT_PRIOR
 from features.schema import SCHEMA_VERSION, parse_training_entry
+from load.data import SHAREGPT, open_data
 
-DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-SHAREGPT = DATA_DIR / "llmd-h200-traces" / "sharegpt-h200.jsonl"
 QUANTILE = 0.9
 
 
@@ -30,7 +29,7 @@ QUANTILE = 0.9
 def load_trace(path: str = str(SHAREGPT)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw matrix, ttft targets, tpot targets) of a recorded trace (0 = absent)."""
     raws, ttft, tpot = [], [], []
-    with open(path) as f:
+    with open_data(path) as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue

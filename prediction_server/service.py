@@ -83,7 +83,7 @@ class Served:
                    ut, up, z * ut, z * up)
 
     def render(self, ttft: np.ndarray, tpot: np.ndarray, predicted_at: str) -> list[dict]:
-        """Prediction objects (wire-api.md §1.2 ``p``) for arrays of predictions."""
+        """Prediction objects (docs/wire-api.md §1.2 ``p``) for arrays of predictions."""
         t = ttft.tolist()
         p = tpot.tolist()
         t_lo = np.maximum(ttft - self.ttft_w, 0.0).tolist() if self.ttft_w else t

@@ -1,6 +1,6 @@
 """Test support: run the prediction app on loopback in a thread, and a stand-in bundle server.
 
-``BundleServer`` speaks the model-distribution protocol of wire-api.md §2
+``BundleServer`` speaks the model-distribution protocol of docs/wire-api.md §2
 (``GET /v1/bundles/latest`` with ETag / If-None-Match -> 304, 404 before any bundle;
 ``GET /v1/bundles/{version}/{file}``) over a bundle directory, with switches to inject
 the failures a real network and a buggy publisher produce (5xx, bad JSON, corrupted or

@@ -1,4 +1,4 @@
-"""Shared test helpers: data paths, free ports, real server subprocesses."""
+"""Shared test helpers: the recorded trace, free ports, real server subprocesses."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from load.data import SHAREGPT, open_data
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = (REPO / ".." / "shared" / "data").resolve()
-SHAREGPT = DATA / "llmd-h200-traces" / "sharegpt-h200.jsonl"
 
 
 def free_port() -> int:
@@ -24,7 +24,7 @@ def free_port() -> int:
 
 def load_jsonl(path: Path, limit: int | None = None) -> list[dict]:
     out = []
-    with open(path) as f:
+    with open_data(path) as f:
         for line in f:
             if line.strip():
                 out.append(json.loads(line))
@@ -68,7 +68,6 @@ def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def sharegpt_rows() -> list[dict]:
-    assert SHAREGPT.exists(), f"shared data missing: {SHAREGPT}"
     return load_jsonl(SHAREGPT)
 
 

@@ -1,4 +1,4 @@
-"""Decision rules and defaults of the EPP plugins (epp-plugins.md Part B2, B4) and the
+"""Decision rules and defaults of the EPP plugins (docs/plugins.md Part B2, B4) and the
 public data types (A.1). Random choices use seeded rngs; the weighted picker is checked
 statistically."""
 from __future__ import annotations

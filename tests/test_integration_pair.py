@@ -1,7 +1,7 @@
 """The service pair as an unmodified llm-d EPP sees it: real processes on loopback.
 
 The JSON below is what the llm-d Go client (latencypredictorclient) sends: every field of
-wire-api.md §1.1, 16-row bulk-strict predictions, training entries with RFC 3339
+docs/wire-api.md §1.1, 16-row bulk-strict predictions, training entries with RFC 3339
 timestamps (nanosecond precision), and the start-up calls to /status and
 /model/download/info. Then the whole sharegpt-h200 trace is fed and the prediction
 server must end up serving the learned bundle the training server published.

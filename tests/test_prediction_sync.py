@@ -2,7 +2,7 @@
 the last good bundle kept when the bundle server dies, local-directory mode, /reload token.
 
 The bundle source is prediction_server.testing.BundleServer, a real HTTP server on loopback
-speaking wire-api.md §2 over a directory of real XGBoost bundles.
+speaking docs/wire-api.md §2 over a directory of real XGBoost bundles.
 """
 from __future__ import annotations
 

@@ -10,17 +10,10 @@ import numpy as np
 
 from features.schema import parse_row
 from prediction_server.app import create_app
-from prediction_server.demo_bundle import SHAREGPT
 from prediction_server.model import LoadedBundle
 from prediction_server.settings import Settings
 from prediction_server.testing import run_app
-
-
-def _entries() -> list[dict]:
-    import json
-
-    with open(SHAREGPT) as f:
-        return [json.loads(line) for line in f if line.strip()]
+from training_server.testing import load_entries
 
 
 def test_serves_what_the_training_server_publishes(tmp_path):
@@ -29,7 +22,7 @@ def test_serves_what_the_training_server_publishes(tmp_path):
 
     ts = TrainingSettings.from_env({}, data_dir=str(tmp_path / "data"), retraining_interval_sec=0.2,
                                    min_samples_for_retrain=100)
-    entries = _entries()
+    entries = load_entries()
     rows = [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in entries[:32:2]]
     with run_app(training_app(ts)) as train_url, httpx.Client(base_url=train_url, timeout=30) as t:
         ps = Settings.from_env({}, training_server_url=train_url, sync_interval_sec=0.2)

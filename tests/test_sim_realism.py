@@ -1,4 +1,4 @@
-"""Realism of the simulated model server against ../shared/data/STEP_TIME.md."""
+"""Realism of the simulated model server against load/data/step-time/README.md."""
 from __future__ import annotations
 
 import pytest
@@ -27,7 +27,7 @@ def test_single_8k_request_ttft_matches_step_time_md():
     req = _req(0, 8192, 2)
     _run(spec, [req])
     steps = -(-8192 // spec.max_num_batched_tokens)
-    expected = 630.0 + steps * spec.c_fix          # GPU time from STEP_TIME.md plus per-step overhead
+    expected = 630.0 + steps * spec.c_fix          # GPU time from the step-time README plus per-step overhead
     assert req.ttft_ms == pytest.approx(isolated_prefill_ms(spec, 8192))
     assert abs(req.ttft_ms - expected) / expected < 0.15, req.ttft_ms
 
@@ -56,7 +56,7 @@ def _decode_step_ms(spec: ServerSpec, batch: int, ctx: int) -> float:
 def test_decode_step_times_match_published_figures(preset, batch, ctx, gpu_ms):
     spec = get_preset(preset)
     got = _decode_step_ms(spec, batch, ctx)
-    # STEP_TIME.md quotes GPU time for the 8B/7B models (scheduler overhead c_fix comes on top);
+    # the step-time README quotes GPU time for the 8B/7B models (scheduler overhead c_fix comes on top);
     # the 70B figures are measured end to end, so c_fix is part of them.
     gpu = got - spec.c_fix if preset != "llama2-70b-h100-tp4" else got
     assert abs(gpu - gpu_ms) / gpu_ms < 0.15, (preset, got)

@@ -1,4 +1,4 @@
-"""The training server: durable samples in, gated model bundles out (wire-api.md §1.3, §2).
+"""The training server: durable samples in, gated model bundles out (docs/wire-api.md §1.3, §2).
 
 Modules (each usable in-process without a server):
 

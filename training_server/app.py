@@ -1,4 +1,4 @@
-"""HTTP layer of the training server (wire-api.md §1.3 and §2): thin over plain objects.
+"""HTTP layer of the training server (docs/wire-api.md §1.3 and §2): thin over plain objects.
 
 :class:`TrainingService` holds the store, registry, worker and metrics and does the work
 (testable without a server); :func:`create_app` maps routes onto it. Bodies are parsed
@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from features.bundle import make_lineage
 from features.schema import FieldError, parse_row, parse_training_entry, row_json_schema, \
     training_entry_json_schema
+from features.apidocs import install_api_docs
 from features.matrix import TARGETS
 from prediction_server.model import LoadedBundle
 
@@ -281,8 +282,9 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
         finally:
             await asyncio.to_thread(svc.stop)
 
-    app = FastAPI(title="latency training server", version="1", lifespan=lifespan,
+    app = FastAPI(title="latency training server", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Accepts latency samples, trains TTFT/TPOT models, publishes bundles.")
+    install_api_docs(app)  # offline /docs (no CDN)
     app.state.service = svc
 
     @app.exception_handler(HTTPProblem)

@@ -1,4 +1,4 @@
-"""``latency-predictor evaluate``: the offline accuracy protocol of evaluation.md §1.
+"""``latency-predictor evaluate``: the offline accuracy protocol of docs/evaluation.md §1.
 
 For each trace (JSONL of training entries in the wire format; a zero target means absent)
 and each seed, the rows are split at random 90/10; the 90 goes through the production
@@ -62,10 +62,12 @@ class Trace:
 
 def read_trace(path: str | Path) -> Trace:
     """Parse a JSONL trace of training entries; TraceError on the first malformed line."""
+    from load.data import open_data
+
     path = Path(path)
     rows, ttft, tpot, ts, pt, pp = [], [], [], [], [], []
     try:
-        fh = path.open("rb")
+        fh = open_data(path, binary=True)
     except OSError as e:
         raise TraceError(f"{path}: cannot open: {e.strerror or e}") from None
     with fh:
@@ -90,7 +92,8 @@ def read_trace(path: str | Path) -> Trace:
             pp.append(e.predicted_tpot_ms)
     if not rows:
         raise TraceError(f"{path}: no training entries")
-    name = path.name[:-6] if path.name.endswith(".jsonl") else path.stem
+    base = path.name[:-3] if path.name.endswith(".gz") else path.name
+    name = base[:-6] if base.endswith(".jsonl") else Path(base).stem
     f = lambda v: np.asarray(v, dtype=np.float64)  # noqa: E731
     return Trace(name, np.asarray(rows, dtype=np.float64), f(ttft), f(tpot), f(ts), f(pt), f(pp))
 
@@ -281,7 +284,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="latency-predictor evaluate",
                                 description="Accuracy of the production training path vs the reference recipe "
-                                            "(evaluation.md §1) on recorded traces of training entries.")
+                                            "(docs/evaluation.md §1) on recorded traces of training entries.")
     p.add_argument("traces", nargs="+", metavar="TRACE.jsonl")
     p.add_argument("--seeds", type=int, default=10, help="random 90/10 splits (default 10)")
     p.add_argument("--quantile", type=float, default=0.9)

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import orjson
 
+from load.data import SHAREGPT, open_data
 from prediction_server.testing import run_app as serve_in_thread  # noqa: F401  (re-export)
-
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / ".." / "shared" / "data"
-SHAREGPT = DATA / "llmd-h200-traces" / "sharegpt-h200.jsonl"
 
 
 def load_entries(path: Path = SHAREGPT) -> list[dict]:
     """Recorded training entries (one JSON object a line)."""
-    with open(path, "rb") as f:
+    with open_data(path, binary=True) as f:
         return [orjson.loads(line) for line in f if line.strip()]

@@ -20,7 +20,7 @@ Recipes:
   (sample-weighted) coverage on the remaining rows equal the quantile is computed (globally and
   per load regime with enough rows, made monotone across regimes), then, for small data (< ``refit_below`` rows), the model is
   refitted on all rows and the offset kept.
-* ``"upstream"``: the llm-d reference recipe of evaluation.md §1 (exact hyper-parameters,
+* ``"upstream"``: the llm-d reference recipe of docs/evaluation.md §1 (exact hyper-parameters,
   ``UPSTREAM_FEATURES``, no constraints, no calibration), for comparisons.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  
 RECIPES = ("default", "upstream")
 FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-text")}
 
-#: evaluation.md §1 reference recipe, verbatim.
+#: docs/evaluation.md §1 reference recipe, verbatim.
 UPSTREAM_XGB = {"n_estimators": 200, "max_depth": 6, "learning_rate": 0.05, "subsample": 0.8,
                 "colsample_bytree": 0.8, "min_child_weight": 5, "gamma": 0.2, "reg_alpha": 0.01,
                 "reg_lambda": 0.1, "tree_method": "hist"}

@@ -1,4 +1,4 @@
-"""The predicted-latency plugins and their neighbours (``epp-plugins.md`` Part A.1, Part B).
+"""The predicted-latency plugins and their neighbours (``docs/plugins.md`` Part A.1, Part B).
 
 Protocol (all synchronous except the producer's network calls):
 

@@ -1,4 +1,4 @@
-"""Engine step-time model of a simulated vLLM-like server (``../shared/data/STEP_TIME.md``).
+"""Engine step-time model of a simulated vLLM-like server (``load/data/step-time/README.md``).
 
 One step of continuous batching (decode tokens of running requests plus prefill chunks)
 takes::

@@ -16,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from ..data import data_root as data_dir  # noqa: F401  (the one data root; kept under its old name)
+from ..data import open_data
 from .request import SimRequest
 from .stepmodel import ServerSpec
 
@@ -23,11 +25,6 @@ SEG = 512                      # tokens per prefix block (Mooncake's block size)
 _SYS_KEY = 1 << 40             # key namespaces: Mooncake ids are small non-negative ints
 _SESSION_KEY = 2 << 40
 _UNIQUE_KEY = 3 << 40
-
-
-def data_dir() -> Path:
-    """``../shared/data`` relative to the repository root."""
-    return Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
 
 class Arrival(NamedTuple):
@@ -103,9 +100,9 @@ def load_mooncake(name: str = "conversation", limit: int | None = None, path: Pa
     if dequantize_s is None:
         dequantize_s = 3.0 if name == "conversation" else 0.0
     rng = random.Random(seed ^ 0x3A11)
-    p = path or data_dir() / "mooncake-fast25" / f"{name}_trace.jsonl"
+    p = path or data_dir() / "mooncake-fast25" / f"{name}_trace.jsonl.gz"
     out = []
-    with open(p) as f:
+    with open_data(p) as f:
         for line in f:
             if limit is not None and len(out) >= limit:
                 break
@@ -125,14 +122,14 @@ def load_azure(name: str = "code", limit: int | None = None, path: Path | None =
     """Azure LLM inference trace (Splitwise). It has no prefix information: a SYNTHETIC
     shared system prompt (one of ``n_system_prompts``, Zipf popularity, 512-2048 tokens,
     never more than the prompt) is assigned to ``system_prompt_share`` of the requests."""
-    p = path or data_dir() / "azure-llm-inference-2023" / f"AzureLLMInferenceTrace_{name}.csv"
+    p = path or data_dir() / "azure-llm-inference-2023" / f"AzureLLMInferenceTrace_{name}.csv.gz"
     rng = random.Random(seed)
     sys_lens = [SEG * rng.randint(1, 4) for _ in range(n_system_prompts)]
     weights = [1.0 / (k + 1) for k in range(n_system_prompts)]
     keys = _Keys()
     out = []
     t0 = None
-    with open(p, newline="") as f:
+    with open_data(p) as f:
         for row in csv.DictReader(f):
             if limit is not None and len(out) >= limit:
                 break
