@@ -17,6 +17,12 @@ forwards to the producer and to the in-flight accounting)::
     sched.on_chunk(req.request_id, now=...)         # later chunks
     sched.on_complete(req.request_id, now=..., status=200, aborted=False, output_tokens=None)
 
+Profile plugins that define ``observe(candidates, now)``, ``pre_request(request, target)``
+and ``on_complete(request_id)`` (``lora-affinity-scorer`` with ``requestHistory``) get
+them too: ``observe`` with every candidate before the profiles run (``now`` defaults to
+``time.monotonic()``), ``pre_request`` with the primary target, ``on_complete`` at the
+end of the request, aborts included.
+
 Build from Python objects (``Scheduler(producer=..., admitters=[...], profiles=[...])``)
 or from an EndpointPickerConfig-style dict / YAML text with :meth:`Scheduler.from_config`.
 Not thread-safe: one scheduler per event loop / simulator.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -121,6 +128,14 @@ class Scheduler:
         self.primary_profile = primary_profile
         self.producer_timeout_s = producer_timeout_s
         self.producer_errors = 0
+        # profile plugins with request-lifecycle hooks (observe / pre_request / on_complete),
+        # e.g. lora-affinity-scorer with request history; each once even if shared by profiles
+        hooks: dict[int, Any] = {}
+        for p in self.profiles:
+            for plugin in (*p.filters, *(s for s, _ in p.scorers)):
+                if callable(getattr(plugin, "observe", None)):
+                    hooks.setdefault(id(plugin), plugin)
+        self.lifecycle_plugins = list(hooks.values())
 
     # -- building ------------------------------------------------------------------------
     @classmethod
@@ -144,9 +159,13 @@ class Scheduler:
                 c.inflight = tracker.snapshot(c.name)
         return clones
 
-    def _finish(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+    def _finish(self, request: InferenceRequest, candidates: list[Endpoint], now: float | None) -> SchedulingResult:
         if not candidates:
             return SchedulingResult(request.request_id, [], {}, ADMITTED, status=503, reason="rejected-no-endpoints")
+        if self.lifecycle_plugins:
+            t = time.monotonic() if now is None else now
+            for plugin in self.lifecycle_plugins:
+                plugin.observe(candidates, t)
         admission = ADMITTED
         for a in self.admitters:
             admission = a.admit(request, candidates)
@@ -183,7 +202,7 @@ class Scheduler:
                 self.producer.produce(request, candidates, now)
             except Exception:
                 self._producer_failed(candidates)
-        return self._finish(request, candidates)
+        return self._finish(request, candidates, now)
 
     async def aschedule(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
                         now: float | None = None) -> SchedulingResult:
@@ -194,7 +213,7 @@ class Scheduler:
                     await self.producer.aproduce(request, candidates, now)
             except Exception:
                 self._producer_failed(candidates)
-        return self._finish(request, candidates)
+        return self._finish(request, candidates, now)
 
     # -- lifecycle -----------------------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult, now: float | None = None) -> None:
@@ -206,6 +225,10 @@ class Scheduler:
                      **{k: v for k, v in picks.items() if k != self.primary_profile}}
         if self.inflight is not None:
             self.inflight.pre_request(request, picks)
+        if self.lifecycle_plugins:
+            target = next(iter(picks.values()))
+            for plugin in self.lifecycle_plugins:
+                plugin.pre_request(request, target)
         if self.producer is not None:
             self.producer.pre_request(request, picks, now)
 
@@ -223,6 +246,8 @@ class Scheduler:
                     output_tokens: int | None = None) -> None:
         if self.inflight is not None:
             self.inflight.on_complete(request_id)
+        for plugin in self.lifecycle_plugins:
+            plugin.on_complete(request_id)
         if self.producer is not None:
             self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
 

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
                    help="comma-separated loads as fractions of the cluster's capacity")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run seeds SEED..SEED+N-1 and report every metric as mean ± std (no plots)")
     p.add_argument("--out", default=None, help="output directory (report.md, results.json, plots)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N requests of the workload")
     p.add_argument("--retrain-interval", type=float, default=60.0,
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
             raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
+        if args.seeds < 1:
+            raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
         epp_config = None
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config)
+    if args.seeds > 1:
+        return _main_seeds(args, scenario, loads, policies, opts)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}
@@ -140,6 +146,25 @@ def main(argv: list[str] | None = None) -> int:
         from load.sim.report import table
         for label, per in results.items():
             print(f"\nload {label}\n" + table(per))
+    return 0
+
+
+def _main_seeds(args, scenario, loads, policies, opts) -> int:
+    from load.sim import seeds
+
+    bar = bench.ProgressBar(args.seeds * len(loads) * len(policies), enabled=not args.quiet)
+    try:
+        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar)
+    finally:
+        bar.close()
+        if opts.record_trace is not None:
+            opts.record_trace.close()
+    agg = seeds.aggregate(per_seed)
+    if args.out:
+        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg)
+        print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
+    else:
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg))
     return 0
 
 

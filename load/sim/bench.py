@@ -9,10 +9,15 @@ from typing import Callable, Sequence
 from . import workloads as W
 from .engine import ClusterConfig, Simulation
 from .report import summarize
-from .routers import NATIVE
+from .lora_v1 import LoraV1Router
+from .routers import NATIVE as _NATIVE
 from .scenarios import Scenario
 
-EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted")
+#: multi-LoRA policies (docs/multi-lora.md): the v1 baseline here, the llm-d ones in epp_routers
+LORA_EPP_POLICIES = ("llmd-lora", "llmd-lora-history", "predicted-lora-history")
+NATIVE = {**_NATIVE, "lora-v1": LoraV1Router}
+
+EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted", *LORA_EPP_POLICIES)
 
 
 @dataclass
@@ -54,12 +59,18 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     """Simulate one (load, policy); returns (metrics, raw latency arrays, router)."""
     scaled = W.scale_to_rate(arrivals, load * capacity)
     reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
+    if scenario.lora is not None:
+        scenario.lora.apply(reqs, scaled, opts.seed)
     router = make_router(policy, opts, len(scenario.servers))
-    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s)
+    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s,
+                            lora=scenario.lora.slots if scenario.lora is not None else None)
     sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
                      progress=progress)
     res = sim.run()
     res.extra.update(router.stats())
+    if scenario.lora is not None:
+        res.extra["adapter_loads"] = sum(s.adapters.loads for s in sim.servers)
+        res.extra["adapter_evictions"] = sum(s.adapters.evictions for s in sim.servers)
     close = getattr(router, "close", None)
     if close is not None:
         close()

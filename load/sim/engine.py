@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from .adapters import AdapterSlots, LoraSpec
 from .request import SimRequest
 from .server import Metrics, ModelServer
 from .stepmodel import ServerSpec
@@ -34,6 +35,7 @@ class ClusterConfig:
     scrape_interval_s: float = 0.05     # how often the router's metrics view is refreshed
     scrape_delay_s: float = 0.0         # extra staleness: a scrape becomes visible this much later
     prefix_caching: bool = True
+    lora: LoraSpec | None = None         # adapter slots on every server (``adapters``); None: no LoRA
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -59,6 +61,9 @@ class Simulation:
                  tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
         self.cluster = cluster
         self.servers = [ModelServer(i, s, cluster.prefix_caching) for i, s in enumerate(cluster.servers)]
+        if cluster.lora is not None:
+            for srv in self.servers:
+                srv.adapters = AdapterSlots(cluster.lora)
         self.requests = requests
         self.router = router
         self.now = 0.0
