@@ -1,9 +1,10 @@
 """Discrete-event simulation of a cluster of model servers behind one router.
 
 No per-token events: servers advance by engine steps; idle time is skipped. Events are
-step ends (heap), arrivals (a sorted list), metric scrapes and router ticks (fixed
-intervals, only while arrivals remain). Ties are broken deterministically: step ends,
-then scrapes, then ticks, then arrivals, each in index order.
+step ends (heap), timers (``call_at``, e.g. a KV transfer finishing), arrivals (a sorted
+list), metric scrapes and router ticks (fixed intervals, only while arrivals remain).
+Ties are broken deterministically: step ends, then timers, then scrapes, then ticks,
+then arrivals, each in index order.
 """
 from __future__ import annotations
 
@@ -74,6 +75,17 @@ class Simulation:
         self._seq = 0
         self._busy = [False] * len(self.servers)
         self._pending_scrapes: list = []   # (visible_at, snapshot list)
+        self._timers: list = []            # heap of (time, seq, callback(now))
+
+    def call_at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Run ``fn(t)`` at simulated time ``t`` (after the step ends due then)."""
+        self._seq += 1
+        heapq.heappush(self._timers, (t, self._seq, fn))
+
+    def start_server(self, idx: int, now: float) -> None:
+        """Start the server's next step if it is idle (after adding work outside an arrival)."""
+        if not self._busy[idx]:
+            self._start(idx, now)
 
     # -- helpers for routers --------------------------------------------------------------
     def metrics(self) -> list[Metrics]:
@@ -121,11 +133,18 @@ class Simulation:
         first_cb = router.on_first_token
         fin_cb = router.on_finish
         last_progress = -1
+        timers = self._timers
         while True:
             t_step = heap[0][0] if heap else inf
             t_arr = reqs[ai].arrival if ai < n else inf
-            if t_step == inf and t_arr == inf:
+            t_timer = timers[0][0] if timers else inf
+            if t_step == inf and t_arr == inf and t_timer == inf:
                 break
+            if t_timer < t_step and t_timer <= t_arr and (ai >= n or (t_timer <= next_scrape and t_timer <= next_tick)):
+                t, _, fn = heapq.heappop(timers)
+                self.now = t
+                fn(t)
+                continue
             t_scr = next_scrape if ai < n else inf
             t_tick = next_tick if ai < n else inf
             if self._pending_scrapes and self._pending_scrapes[0][0] <= min(t_step, t_arr):
