@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epp-config", default=None,
                    help="EndpointPickerConfig YAML file for the predicted policies (default: llm-d's well-known "
                         "predicted-latency-slo config)")
+    p.add_argument("--prefill-servers", type=int, default=None,
+                   help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
+    p.add_argument("--decode-servers", type=int, default=None,
+                   help="P/D policies (pd-*): decode servers (with --prefill-servers: any GPU count)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -75,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
         scenario = get_scenario(args.scenario)
         loads = _loads(args.load)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        bad = [p for p in policies if p not in bench.known_policies()]
+        bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
             raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                              f"known: {', '.join(bench.known_policies())}")
         if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
             raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
+        for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag}: must be >= 1, got {v}")
         if args.seeds < 1:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace, epp_config=epp_config)
+                            record_trace=trace, epp_config=epp_config,
+                            extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     if args.seeds > 1:
         return _main_seeds(args, scenario, loads, policies, opts)
     arrivals, capacity = bench.prepare(scenario, opts)

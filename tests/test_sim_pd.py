@@ -104,3 +104,45 @@ def test_metrics_per_role():
     assert seen["prefill"].running >= 2
     assert seen["decode"].running >= 1 and seen["decode"].kv_cache_usage > 0
     assert all(r.done for r in reqs)
+
+
+# -- the pd scenario and its policies -------------------------------------------------------
+def _pd_run(policy, limit=80, **extra):
+    from load.sim import bench
+    from load.sim.scenarios import get_scenario
+
+    sc = get_scenario("pd")
+    opts = bench.RunOptions(limit=limit, extra=extra)
+    arrivals, cap = bench.prepare(sc, opts)
+    m, _, _ = bench.run_one(sc, arrivals, cap, 0.5, policy, opts)
+    return m
+
+
+def test_pd_policies_run_epp_client_decisions_on_role_pools():
+    agg, always, never = _pd_run("pd-aggregated"), _pd_run("pd-always"), _pd_run("pd-prefix-100000")
+    assert agg["completed"] == always["completed"] == never["completed"] == 80
+    assert agg["disaggregated_share"] == 0 and agg["transfer_ms_mean"] == 0
+    assert always["disaggregated_share"] == 1
+    # median prompt 6k tokens x 128 KiB over 25 GB/s: tens of ms
+    assert 10 < always["transfer_ms_mean"] < 200
+    assert never["disaggregated_share"] == 0
+    assert always["goodput_per_gpu_rps"] == pytest.approx(always["goodput_rps"] / 8)
+
+
+def test_pool_sizes_from_the_flags():
+    from load.sim import bench
+    from load.sim.pd_bench import setup_for
+    from load.sim.scenarios import get_scenario
+
+    assert setup_for(get_scenario("pd"), bench.RunOptions()).prefill == 5
+    s = setup_for(get_scenario("pd"), bench.RunOptions(extra={"prefill_servers": 2}))
+    assert (s.prefill, s.decode) == (2, 6)
+    with pytest.raises(ValueError, match="--prefill-servers"):
+        setup_for(get_scenario("standard-small"), bench.RunOptions())
+
+
+def test_cli_rejects_bad_pool_sizes(capsys):
+    from load.simulate_cli import main
+
+    assert main(["--scenario", "pd", "--policies", "pd-always", "--prefill-servers", "0"]) == 2
+    assert "--prefill-servers" in capsys.readouterr().err

@@ -33,6 +33,8 @@ class RunOptions:
 
 
 def make_router(policy: str, opts: RunOptions, n_servers: int):
+    if is_pd_policy(policy):
+        raise ValueError(f"{policy} runs on P/D pools: use run_one")
     if policy in NATIVE:
         return NATIVE[policy](opts.seed)
     if policy in EPP_POLICIES:
@@ -41,8 +43,23 @@ def make_router(policy: str, opts: RunOptions, n_servers: int):
     raise ValueError(f"unknown policy {policy!r}; known: {', '.join((*NATIVE, *EPP_POLICIES))}")
 
 
+def _pd_policies() -> tuple[str, ...]:
+    from .pd_bench import PD_POLICIES
+    return PD_POLICIES
+
+
+def is_pd_policy(policy: str) -> bool:
+    """A P/D policy: one of pd_bench.PD_POLICIES or ``pd-prefix-<N>`` for any N."""
+    from .pd_bench import is_pd_policy as check
+    return check(policy)
+
+
+def is_known(policy: str) -> bool:
+    return policy in known_policies() or is_pd_policy(policy)
+
+
 def known_policies() -> tuple[str, ...]:
-    return (*NATIVE, *EPP_POLICIES)
+    return (*NATIVE, *EPP_POLICIES, *_pd_policies())
 
 
 def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
@@ -57,6 +74,9 @@ def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
 def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float, policy: str, opts: RunOptions,
             progress: Callable[[float], None] | None = None):
     """Simulate one (load, policy); returns (metrics, raw latency arrays, router)."""
+    if is_pd_policy(policy):
+        from . import pd_bench
+        return pd_bench.run_one(scenario, arrivals, capacity, load, policy, opts, progress)
     scaled = W.scale_to_rate(arrivals, load * capacity)
     reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
     if scenario.lora is not None:
