@@ -14,6 +14,7 @@ Modes (p50/p99/mean per request, in ms):
 
     python -m load.bench_epp                       # all modes, 16 endpoints
     python -m load.bench_epp --mode stub --requests 20000 --json out.json
+    python -m load.bench_epp --mode prefix         # prefix index + scorer (load.bench_prefix)
 """
 from __future__ import annotations
 
@@ -220,11 +221,16 @@ def bench(mode: str, n_requests: int, n_endpoints: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("stub", "inprocess", "server", "all"), default="all")
-    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--mode", choices=("stub", "inprocess", "server", "all", "prefix"), default="all")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests (default 10000; prefix mode: decisions per cell, default 2000)")
     ap.add_argument("--endpoints", type=int, default=16)
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
+    if args.mode == "prefix":
+        return _main_prefix(args)
+    if args.requests is None:
+        args.requests = 10000
     if args.requests <= 500:
         ap.error("--requests must be > 500 (the first 500 are warm-up)")
     res = {"endpoints": args.endpoints, "requests": args.requests, "python": sys.version.split()[0],
@@ -233,6 +239,22 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"  fallbacks={r['fallbacks']}" if "fallbacks" in r else ""
         print(f"{name:16s} n={r['n']:6d}  wall p50={r['p50_ms']:.3f} p99={r['p99_ms']:.3f} "
               f"mean={r['mean_ms']:.3f} ms   cpu p50={r['cpu_p50_ms']:.3f} p99={r['cpu_p99_ms']:.3f} ms{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def _main_prefix(args) -> int:
+    """Approximate prefix index + prefix scorer per decision (``load.bench_prefix``)."""
+    from load.bench_prefix import bench_prefix, table
+
+    n = args.requests if args.requests is not None else 2000
+    if n < 100:
+        raise SystemExit("bench_epp: --requests must be >= 100 in prefix mode")
+    res = {"endpoints": args.endpoints, "decisions_per_cell": n, "python": sys.version.split()[0],
+           "results": bench_prefix(n, args.endpoints, _Recorder)}
+    print(table(res["results"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
                    help="comma-separated loads as fractions of the cluster's capacity")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run seeds SEED..SEED+N-1 and report every metric as mean ± std (no plots)")
     p.add_argument("--out", default=None, help="output directory (report.md, results.json, plots)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N requests of the workload")
     p.add_argument("--retrain-interval", type=float, default=60.0,
@@ -45,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flow-detector", action="append", default=[], metavar="NAME=VALUE",
                    help="utilization-detector parameter of the flow-control policies, e.g. queueDepthThreshold=2 "
                         "(repeatable; llm-d's defaults otherwise)")
+    p.add_argument("--prefill-servers", type=int, default=None,
+                   help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
+    p.add_argument("--decode-servers", type=int, default=None,
+                   help="P/D policies (pd-*): decode servers (with --prefill-servers: any GPU count)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -96,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         from epp_client.flowcontrol import UtilizationDetector
 
         UtilizationDetector.from_config(detector or None)   # validate now: ConfigError names the parameter
+        for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag}: must be >= 1, got {v}")
+        if args.seeds < 1:
+            raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
         epp_config = None
@@ -114,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
-                            flow_detector=detector)
+                            flow_detector=detector,
+                            extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
+    if args.seeds > 1:
+        return _main_seeds(args, scenario, loads, policies, opts)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}
@@ -168,6 +182,25 @@ def main(argv: list[str] | None = None) -> int:
             if scenario.programs is not None:
                 from load.sim.agentic import table as ptable
                 print(ptable(per))
+    return 0
+
+
+def _main_seeds(args, scenario, loads, policies, opts) -> int:
+    from load.sim import seeds
+
+    bar = bench.ProgressBar(args.seeds * len(loads) * len(policies), enabled=not args.quiet)
+    try:
+        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar)
+    finally:
+        bar.close()
+        if opts.record_trace is not None:
+            opts.record_trace.close()
+    agg = seeds.aggregate(per_seed)
+    if args.out:
+        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg)
+        print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
+    else:
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg))
     return 0
 
 

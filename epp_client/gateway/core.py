@@ -131,7 +131,7 @@ class Gateway:
         hashes = block_hashes(p.text, self.settings.block_size_tokens, self.settings.max_prefix_blocks)
         return info, hashes
 
-    def candidates(self, hashes: list[bytes]) -> list[Candidate]:
+    def candidates(self, hashes: list[int]) -> list[Candidate]:
         now = time.monotonic()
         eps = [e for e in self.endpoints if e.healthy(now)] or list(self.endpoints)
         return [Candidate(e, self.prefix.match(e.name, hashes)) for e in eps]
@@ -206,7 +206,7 @@ class Gateway:
             finally:
                 client.close()
 
-    async def _route_and_proxy(self, send, info: RequestInfo, hashes: list[bytes], raw: bytes) -> None:
+    async def _route_and_proxy(self, send, info: RequestInfo, hashes: list[int], raw: bytes) -> None:
         path = info.path
         cands = self.candidates(hashes)
         decision = await self.decide(info, cands)

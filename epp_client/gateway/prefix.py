@@ -28,13 +28,13 @@ class PrefixIndex:
             raise ValueError("block size and LRU capacity must be > 0")
         self.block_size_tokens = block_size_tokens
         self.capacity = lru_capacity_per_endpoint
-        self._lru: dict[str, OrderedDict[bytes, None]] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {}
         self._lock = threading.Lock()
         self.lookups = 0
         self.hit_blocks = 0
         self.total_blocks = 0
 
-    def match(self, endpoint: str, hashes: list[bytes]) -> Match:
+    def match(self, endpoint: str, hashes: list[int]) -> Match:
         with self._lock:
             lru = self._lru.get(endpoint)
             n = 0
@@ -45,19 +45,20 @@ class PrefixIndex:
                     n += 1
             return Match(n, len(hashes), self.block_size_tokens)
 
-    def record(self, endpoint: str, hashes: list[bytes]) -> Match:
+    def record(self, endpoint: str, hashes: list[int]) -> Match:
         """Record a dispatch; returns the match the request had (for hit-rate accounting)."""
         with self._lock:
             lru = self._lru.setdefault(endpoint, OrderedDict())
             n = 0
             counting = True
             for h in hashes:
-                if counting and h in lru:
-                    n += 1
+                if h in lru:
+                    if counting:
+                        n += 1
+                    lru.move_to_end(h)
                 else:
                     counting = False
-                lru[h] = None
-                lru.move_to_end(h)
+                    lru[h] = None       # a new key goes to the most recent end already
             while len(lru) > self.capacity:
                 lru.popitem(last=False)
             self.lookups += 1

@@ -94,6 +94,7 @@ class EndpointState:
     dispatch_failures: int = 0       # consecutive failures before first byte
     inflight_requests: int = 0       # requests this gateway has in flight there
     inflight_tokens: int = 0         # their uncached prompt tokens until the first chunk
+    labels: dict = field(default_factory=dict)  # e.g. {"llm-d.ai/role": "prefill"} for P/D profiles
 
     @property
     def host_port(self) -> str:

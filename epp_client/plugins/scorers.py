@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 
-from ..params import Configurable, Param, within
+from ..params import Configurable, Param, gt, within
 from ..types import ConfigError, Endpoint, InferenceRequest
+from .lora_history import LoraRequestHistory
 
 _EPS = 1e-9
 
@@ -197,11 +198,33 @@ class PrefixCacheScorer(Configurable):
 
 
 class LoraAffinityScorer(Configurable):
-    """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0."""
+    """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0.
+
+    With ``requestHistory: true`` it also remembers what this router sent where
+    (:class:`~epp_client.plugins.lora_history.LoraRequestHistory`, driven by the
+    scheduler's lifecycle) and scores, first rule that applies: 1.0 if the adapter is
+    active (scraped running, or a history count > 0) and the endpoint reports no waiting
+    adapters; 0.75 if the distinct adapters there (running ∪ history ∪ waiting) are fewer
+    than ``max_lora``; 0.5 × max(0, 1 − waiting / max_lora) if it reports waiting
+    adapters; else 0. Requests without an adapter score 1.0 everywhere. The history is
+    reconciled with the scraped metrics every ``reconcileIntervalSeconds``.
+    """
 
     TYPE = "lora-affinity-scorer"
+    PARAMS = (
+        Param("requestHistory", "request_history", "bool"),
+        Param("reconcileIntervalSeconds", "reconcile_interval_seconds", "float", gt(0.0)),
+    )
+
+    def __init__(self, request_history: bool = False, reconcile_interval_seconds: float = 1.0) -> None:
+        v = self._validated(request_history=request_history, reconcile_interval_seconds=reconcile_interval_seconds)
+        self.request_history = v["request_history"]
+        self.reconcile_interval_seconds = v["reconcile_interval_seconds"]
+        self.history = LoraRequestHistory(self.reconcile_interval_seconds) if self.request_history else None
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        if self.history is not None:
+            return self._score_with_history(request, endpoints)
         target = request.target_model
         out = {}
         for e in endpoints:
@@ -217,3 +240,39 @@ class LoraAffinityScorer(Configurable):
             else:
                 out[e.name] = 0.0
         return out
+
+    def _score_with_history(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        target = request.target_model
+        if not target:
+            return {e.name: 1.0 for e in endpoints}
+        out = {}
+        for e in endpoints:
+            m = e.metrics
+            running = m.active_lora_adapters if m is not None else frozenset()
+            waiting = m.waiting_lora_adapters if m is not None else frozenset()
+            max_lora = m.max_active_lora if m is not None else 0
+            sent = self.history.adapters(e.name)
+            if (target in running or target in sent) and not waiting:
+                out[e.name] = 1.0
+            elif len(running | sent | waiting) < max_lora:
+                out[e.name] = 0.75
+            elif waiting and max_lora > 0:
+                out[e.name] = 0.5 * max(0.0, 1.0 - len(waiting) / max_lora)
+            else:
+                out[e.name] = 0.0
+        return out
+
+    # -- request lifecycle (called by the scheduler; no-ops without history) --------------
+    def observe(self, endpoints: list[Endpoint], now: float) -> None:
+        """Before each scheduling decision, with every candidate: the periodic reconcile."""
+        if self.history is not None:
+            self.history.maybe_reconcile(endpoints, now)
+
+    def pre_request(self, request: InferenceRequest, target: Endpoint) -> None:
+        if self.history is not None:
+            self.history.dispatched(request.request_id, target.name, request.target_model)
+
+    def on_complete(self, request_id: str) -> None:
+        """Completion and abort alike: -1, floored at 0."""
+        if self.history is not None:
+            self.history.released(request_id)

@@ -9,10 +9,15 @@ from typing import Callable, Sequence
 from . import workloads as W
 from .engine import ClusterConfig, Simulation
 from .report import summarize
-from .routers import NATIVE
+from .lora_v1 import LoraV1Router
+from .routers import NATIVE as _NATIVE
 from .scenarios import Scenario
 
-EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted")
+#: multi-LoRA policies (docs/multi-lora.md): the v1 baseline here, the llm-d ones in epp_routers
+LORA_EPP_POLICIES = ("llmd-lora", "llmd-lora-history", "predicted-lora-history")
+NATIVE = {**_NATIVE, "lora-v1": LoraV1Router}
+
+EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted", *LORA_EPP_POLICIES)
 
 
 @dataclass
@@ -35,6 +40,8 @@ def make_router(policy: str, opts: RunOptions, n_servers: int):
     fc = flowsim.split(policy)
     if fc is not None:
         return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s, opts.flow_detector)
+    if is_pd_policy(policy):
+        raise ValueError(f"{policy} runs on P/D pools: use run_one")
     if policy in NATIVE:
         return NATIVE[policy](opts.seed)
     if policy in EPP_POLICIES:
@@ -46,13 +53,27 @@ def make_router(policy: str, opts: RunOptions, n_servers: int):
     raise ValueError(f"unknown policy {policy!r}; known: {', '.join((*NATIVE, *EPP_POLICIES))}")
 
 
+def _pd_policies() -> tuple[str, ...]:
+    from .pd_bench import PD_POLICIES
+    return PD_POLICIES
+
+
+def is_pd_policy(policy: str) -> bool:
+    """A P/D policy: one of pd_bench.PD_POLICIES or ``pd-prefix-<N>`` for any N."""
+    from .pd_bench import is_pd_policy as check
+    return check(policy)
+
+
 def known_policies() -> tuple[str, ...]:
-    return (*NATIVE, *EPP_POLICIES)
+    return (*NATIVE, *EPP_POLICIES, *_pd_policies())
 
 
 def is_known(policy: str) -> bool:
-    """A plain policy, or ``<router>+<ordering>`` (flow control in front of a known router)."""
+    """A plain or P/D policy, or ``<router>+<ordering>`` (flow control in front of a known router)."""
     from . import flowsim
+
+    if is_pd_policy(policy):
+        return True
 
     try:
         fc = flowsim.split(policy)
@@ -79,6 +100,9 @@ def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
 def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float, policy: str, opts: RunOptions,
             progress: Callable[[float], None] | None = None):
     """Simulate one (load, policy); returns (metrics, raw latency arrays, router)."""
+    if is_pd_policy(policy):
+        from . import pd_bench
+        return pd_bench.run_one(scenario, arrivals, capacity, load, policy, opts, progress)
     router = make_router(policy, opts, len(scenario.servers))
     driver = None
     if scenario.programs is not None:      # closed loop: the driver injects each next turn
@@ -93,11 +117,17 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     else:
         scaled = W.scale_to_rate(arrivals, load * capacity)
         reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
-    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s)
+        if scenario.lora is not None:
+            scenario.lora.apply(reqs, scaled, opts.seed)
+    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s,
+                            lora=scenario.lora.slots if scenario.lora is not None else None)
     sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
                      progress=progress)
     res = sim.run()
     res.extra.update(router.stats())
+    if scenario.lora is not None:
+        res.extra["adapter_loads"] = sum(s.adapters.loads for s in sim.servers)
+        res.extra["adapter_evictions"] = sum(s.adapters.evictions for s in sim.servers)
     close = getattr(router, "close", None)
     if close is not None:
         close()

@@ -1,9 +1,10 @@
 """Discrete-event simulation of a cluster of model servers behind one router.
 
 No per-token events: servers advance by engine steps; idle time is skipped. Events are
-step ends (heap), arrivals (a sorted list), metric scrapes and router ticks (fixed
-intervals, only while arrivals remain). Ties are broken deterministically: step ends,
-then scrapes, then ticks, then router wake-ups, then arrivals, each in index order.
+step ends (heap), timers (``call_at``, e.g. a KV transfer finishing), arrivals (a sorted
+list), metric scrapes and router ticks (fixed intervals, only while arrivals remain). Ties
+are broken deterministically: step ends, then timers, then scrapes, then ticks, then router
+wake-ups, then arrivals, each in index order.
 
 Two hooks serve routers that hold requests back (flow control) and closed-loop workloads:
 ``route`` may return ``DEFERRED`` (the router keeps the request and later calls
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from .adapters import AdapterSlots, LoraSpec
 from .request import SimRequest
 from .server import Metrics, ModelServer
 from .stepmodel import ServerSpec
@@ -44,6 +46,7 @@ class ClusterConfig:
     scrape_interval_s: float = 0.05     # how often the router's metrics view is refreshed
     scrape_delay_s: float = 0.0         # extra staleness: a scrape becomes visible this much later
     prefix_caching: bool = True
+    lora: LoraSpec | None = None         # adapter slots on every server (``adapters``); None: no LoRA
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -69,6 +72,9 @@ class Simulation:
                  tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
         self.cluster = cluster
         self.servers = [ModelServer(i, s, cluster.prefix_caching) for i, s in enumerate(cluster.servers)]
+        if cluster.lora is not None:
+            for srv in self.servers:
+                srv.adapters = AdapterSlots(cluster.lora)
         self.requests = requests
         self.router = router
         self.now = 0.0
@@ -82,6 +88,17 @@ class Simulation:
         self._injected: list = []          # (arrival, seq, request) added during the run
         self._wakes: list = []             # router wake-up times
         self.injected: list[SimRequest] = []
+        self._timers: list = []            # heap of (time, seq, callback(now))
+
+    def call_at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Run ``fn(t)`` at simulated time ``t`` (after the step ends due then)."""
+        self._seq += 1
+        heapq.heappush(self._timers, (t, self._seq, fn))
+
+    def start_server(self, idx: int, now: float) -> None:
+        """Start the server's next step if it is idle (after adding work outside an arrival)."""
+        if not self._busy[idx]:
+            self._start(idx, now)
 
     # -- helpers for routers --------------------------------------------------------------
     def metrics(self) -> list[Metrics]:
@@ -151,19 +168,26 @@ class Simulation:
         first_cb = router.on_first_token
         fin_cb = router.on_finish
         last_progress = -1
-        injected, wakes = self._injected, self._wakes
+        injected, wakes, timers = self._injected, self._wakes, self._timers
         while True:
             t_step = heap[0][0] if heap else inf
             t_arr = reqs[ai].arrival if ai < n else inf
             t_inj = injected[0][0] if injected else inf
             t_wake = wakes[0] if wakes else inf
-            if t_step == inf and t_arr == inf and t_inj == inf and t_wake == inf:
+            t_timer = timers[0][0] if timers else inf
+            if t_step == inf and t_arr == inf and t_inj == inf and t_wake == inf and t_timer == inf:
                 break
             more = ai < n or injected or wakes
-            t_scr = next_scrape if more else inf
-            t_tick = next_tick if more else inf
             if t_inj < t_arr:
                 t_arr = t_inj
+            if (t_timer < t_step and t_timer <= t_arr and t_timer <= t_wake
+                    and (not more or (t_timer <= next_scrape and t_timer <= next_tick))):
+                t, _, fn = heapq.heappop(timers)
+                self.now = t
+                fn(t)
+                continue
+            t_scr = next_scrape if more else inf
+            t_tick = next_tick if more else inf
             if self._pending_scrapes and self._pending_scrapes[0][0] <= min(t_step, t_arr):
                 vis, snap = self._pending_scrapes.pop(0)
                 self.scraped = snap

@@ -17,7 +17,7 @@ from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
 from epp_client.gateway.prefix import PrefixIndex
 from epp_client.inflight import InFlightTracker
-from epp_client.plugins import MaxScorePicker, PrefixCacheAffinityFilter
+from epp_client.plugins import LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
 from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile
 
 from .request import SimRequest
@@ -26,6 +26,16 @@ from .workloads import SEG
 
 #: The approximate prefix producer hashes blocks of at least 64 tokens (B4.1).
 PREFIX_BLOCK = 64
+#: Weight of lora-affinity-scorer next to the default profile's queue 2 / KV 2 / prefix 3.
+LORA_WEIGHT = 2.0
+#: The well-known predicted-latency-slo config plus lora-affinity-scorer with request history.
+PREDICTED_LORA_HISTORY_CONFIG = (
+    PREDICTED_LATENCY_SLO_CONFIG
+    .replace("- type: latency-scorer\n", "- type: latency-scorer\n- type: lora-affinity-scorer\n"
+             "  parameters:\n    requestHistory: true\n", 1)
+    .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
+             "  - pluginRef: latency-scorer\n    weight: 1\n  - pluginRef: lora-affinity-scorer\n    weight: 1\n", 1)
+)
 #: Simulated wall clock origin for training-entry timestamps (deterministic).
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -137,7 +147,8 @@ class EppRouter(BaseRouter):
         eps = self.endpoints
         for i, e in enumerate(eps):
             m = scraped[i]
-            e.metrics = EndpointMetrics(m.kv_cache_usage, m.waiting, m.running, m.active_lora)
+            e.metrics = EndpointMetrics(m.kv_cache_usage, m.waiting, m.running, m.active_lora, m.waiting_lora,
+                                        m.max_lora)
             e.prefix_match = PrefixMatch(self.index.match(e.name, hashes).match_blocks, total, PREFIX_BLOCK)
             e.inflight = None
         headers = {"x-request-id": str(req.rid)}
@@ -229,7 +240,19 @@ def make(policy: str, opts, n_servers: int) -> EppRouter:
         return EppRouter(policy, factory, opts.seed, sink=sink, description=(
             "llm-d token-load routing: prefix-cache-affinity filter (epp_client, threshold 0.8, "
             "prefillThroughput load gate) then least in-flight uncached tokens, max-score picker"))
-    if policy in ("predicted", "predicted-upstream"):
+    if policy in ("llmd-lora", "llmd-lora-history"):
+        history = policy == "llmd-lora-history"
+
+        def factory(rng, clock, wall):
+            prof = default_profile()
+            prof.scorers.append((LoraAffinityScorer(request_history=history), LORA_WEIGHT))
+            prof.picker = MaxScorePicker(rng=rng)
+            return Scheduler(None, [], [prof], InFlightTracker())
+
+        return EppRouter(policy, factory, opts.seed, description=(
+            f"llm-d default profile (queue 2, KV 2, prefix 3) plus lora-affinity-scorer (weight {LORA_WEIGHT:g}, "
+            + ("requestHistory: true" if history else "metric-only") + "), max-score picker"))
+    if policy in ("predicted", "predicted-upstream", "predicted-lora-history"):
         recipe = "upstream" if policy == "predicted-upstream" else "default"
         if opts.predictor_url:
             from epp_client.predictor import PredictorClient
@@ -246,7 +269,8 @@ def make(policy: str, opts, n_servers: int) -> EppRouter:
             predictor = learner.predictor
             sink = _Sink(learner, record)
 
-        config = opts.epp_config or PREDICTED_LATENCY_SLO_CONFIG
+        config = opts.epp_config or (PREDICTED_LORA_HISTORY_CONFIG if policy == "predicted-lora-history"
+                                     else PREDICTED_LATENCY_SLO_CONFIG)
 
         def factory(rng, clock, wall):
             return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
@@ -256,7 +280,9 @@ def make(policy: str, opts, n_servers: int) -> EppRouter:
             f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s"
         return EppRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=(
             ("predicted latency, well-known config predicted-latency-slo (streaming producer, affinity filters, "
-             "SLO tier filter, latency scorer, weighted-random picker)" if not opts.epp_config else
+             "SLO tier filter, latency scorer, weighted-random picker)"
+             + (" plus lora-affinity-scorer (requestHistory: true, weight 1)"
+                if policy == "predicted-lora-history" else "") if not opts.epp_config else
              "predicted latency with a user EndpointPickerConfig (--epp-config)")
             + f"; {recipe} recipe; {where}"))
     raise ValueError(f"unknown epp policy {policy!r}")

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import workloads as W
+from .adapters import LoraSpec
+from .lora_workloads import LoraSetup, spike_adapters, spike_arrivals, zipf_adapters
 from .stepmodel import ServerSpec, get_preset
 
 POLICIES = ("random", "round-robin", "least-queue", "llmd-default", "llmd-token-load",
@@ -27,6 +29,8 @@ class Scenario:
     scrape_delay_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
     programs: Callable[[int], list] | None = None   # closed-loop program scenarios: seed -> programs
+    lora: LoraSetup | None = None              # adapter slots + each request's adapter (multi-LoRA)
+    pd: object = None                          # pd_bench.PDSetup: prefill/decode pools of the same GPU count
 
     def cluster_desc(self) -> str:
         names: dict[str, int] = {}
@@ -75,6 +79,28 @@ _add(Scenario("high-kv", "long prompts (median 16k tokens, Poisson) on 2 Llama-3
 _add(Scenario("llama70b", "Mooncake conversation trace (first 4,000 requests) on 4 Llama-2-70B / H100 TP4 servers",
               _mooncake("conversation", 4000), _pool("llama2-70b-h100-tp4", 4),
               slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=120.0),)))
+
+# multi-LoRA (docs/multi-lora.md): one base model, adapters in 4 slots per server
+_add(Scenario("multi-lora", "first 2,000 requests of the Mooncake conversation trace (real arrivals) on 8 "
+              "Llama-3-8B / A100 servers with 4 LoRA slots each; one adapter per conversation, drawn Zipf-like "
+              "(1/k) from 32",
+              _mooncake("conversation", 2000), _pool("llama3-8b-a100", 8),
+              lora=LoraSetup(LoraSpec(max_loras=4), zipf_adapters(32))))
+_add(Scenario("lora-spike", "a fresh pool (no adapter loaded) of 8 Llama-3-8B / A100 servers with 4 LoRA slots "
+              "each; first 1,200 Mooncake conversation requests for 8 adapters (Zipf-like), requests 300-699 arrive "
+              "3x faster and ask for 16 adapters never seen before",
+              spike_arrivals, _pool("llama3-8b-a100", 8), lora=LoraSetup(LoraSpec(max_loras=4), spike_adapters)))
+
+# P/D disaggregation (docs/pd.md): the same 8 GPUs as one aggregated pool or as 5 prefill + 3 decode
+from .pd_bench import PDSetup  # noqa: E402
+
+_add(Scenario("pd", "long prompts (median 6k tokens, 30% behind shared system prompts, Poisson) with 250-token "
+              "answers on 8 Llama-3-8B / A100: aggregated, or 5 prefill + 3 decode servers with KV over 200 Gb/s "
+              "RDMA (pd-* policies)",
+              lambda seed: W.synthetic_poisson(600, rate=1.0, seed=seed, input_median=6000, input_sigma=0.6,
+                                               output_median=250, max_input=32_000, system_prompt_share=0.3),
+              _pool("llama3-8b-a100", 8), pd=PDSetup(5, 3),
+              slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=40.0),)))
 
 
 def _agentic_programs(seed: int) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
+from .adapters import AdapterSlots
 from .kvcache import KVCache
 from .request import SimRequest
 from .stepmodel import ServerSpec
@@ -24,6 +25,8 @@ class Metrics(NamedTuple):
     running: int
     active_lora: frozenset
     time: float
+    waiting_lora: frozenset = frozenset()   # adapters with a queued request (LoRA scenarios)
+    max_lora: int = 0
 
 
 class ModelServer:
@@ -41,6 +44,7 @@ class ModelServer:
         self.prompt_tokens = 0
         self.hit_tokens = 0
         self.lora_counts: dict[str, int] = {}
+        self.adapters: AdapterSlots | None = None   # LoRA slots (``adapters``), set by the engine
         self._batch: list = []
 
     # -- queue --------------------------------------------------------------------------
@@ -52,8 +56,11 @@ class ModelServer:
         return bool(self.running or self.waiting)
 
     def metrics(self, now: float) -> Metrics:
-        return Metrics(self.kv.usage(), len(self.waiting), len(self.running),
-                       frozenset(k for k, v in self.lora_counts.items() if v > 0), now)
+        active = frozenset(k for k, v in self.lora_counts.items() if v > 0)
+        if self.adapters is None:
+            return Metrics(self.kv.usage(), len(self.waiting), len(self.running), active, now)
+        return Metrics(self.kv.usage(), len(self.waiting), len(self.running), active, now,
+                       frozenset(r.lora for r in self.waiting if r.lora), self.adapters.spec.max_loras)
 
     # -- pages --------------------------------------------------------------------------
     def _release(self, req: SimRequest) -> None:
@@ -189,8 +196,13 @@ class ModelServer:
             i += 1
         if not preempted:
             waiting = self.waiting
+            slots = self.adapters
+            skipped = []
             while waiting and budget > 0 and len(running) < spec.max_num_seqs:
                 req = waiting[0]
+                if slots is not None and req.lora and not slots.admissible(req.lora, self.lora_counts):
+                    skipped.append(waiting.popleft())   # its adapter would exceed max_loras
+                    continue
                 tok = self._admit_match(req)
                 n = req.target - tok
                 if n > budget:
@@ -214,10 +226,14 @@ class ModelServer:
                 budget -= n
                 n_tokens += n
                 pairs += n * (tok + n - n / 2.0)
+            if skipped:
+                waiting.extendleft(reversed(skipped))
         self._batch = batch
         if not batch:
             return 0.0
         dur = spec.step_ms(n_tokens, ctx_sum, n_dec, pairs) / 1000.0
+        if self.adapters is not None:
+            dur += self.adapters.step_extra_ms({r.lora for r, _ in batch if r.lora}) / 1000.0
         self.busy_time += dur
         self.steps += 1
         return dur
@@ -259,5 +275,6 @@ class ModelServer:
         c.running = [m[id(r)] for r in self.running]
         c.waiting = deque(m[id(r)] for r in self.waiting)
         c.lora_counts = dict(self.lora_counts)
+        c.adapters = self.adapters.clone() if self.adapters is not None else None
         c._batch = [(m[id(r)], n) for r, n in self._batch]
         return c
