@@ -16,6 +16,7 @@ Public API::
     from epp_client.config import REFERENCE_CONFIG, PREDICTED_LATENCY_SLO_CONFIG
     from epp_client.metrics import EppCollector          # Prometheus exposition
     from epp_client import rank_endpoints                # one Endpoint per DP rank (B4.6)
+    from epp_client.flowcontrol import ProgramAwareFairness, FlowController, build_flow_control  # B4.5
 
 Typical use::
 

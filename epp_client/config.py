@@ -20,6 +20,10 @@ profile references them. A profile without a picker gets the first configured pi
 a max-score picker. The in-flight accounting (``inflight-load-producer``) is always
 present (upstream auto-creates it); its parameters can be set in the plugin list.
 Strict like upstream: unknown keys, types and parameters raise ConfigError naming them.
+
+P/D disaggregation (B4.7): a ``disagg-profile-handler`` plugin chooses which profiles run
+(its ``deciders`` name decider plugins of this list); without one every profile runs and
+the primary is ``decode`` if present, else the first.
 """
 from __future__ import annotations
 
@@ -28,11 +32,16 @@ from typing import Any, Mapping
 
 import yaml
 
+from .flowcontrol.config import FLOW_PLUGIN_TYPES
 from .inflight import InFlightTracker
 from .plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
+from .plugins.deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
+from .plugins.disagg import DisaggProfileHandler
 from .plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
 from .plugins.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
+from .plugins.predicted_decider import PredictedPDDecider
 from .plugins.producer import PredictedLatencyProducer
+from .plugins.roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .plugins.scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer,
                               QueueScorer)
 from .scheduler import Scheduler, SchedulingProfile, default_profile
@@ -41,11 +50,13 @@ from .types import ConfigError
 PLUGIN_TYPES: dict[str, type] = {c.TYPE: c for c in (
     PredictedLatencyProducer, PrefixCacheAffinityFilter, SloHeadroomTierFilter, LatencyScorer, QueueScorer,
     KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer, LatencySloAdmitter, ProbabilisticAdmitter,
-    WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker)}
+    WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker, DecodeFilter, PrefillFilter, EncodeFilter,
+    PrefixBasedPDDecider, AlwaysDisaggPDDecider, PredictedPDDecider, DisaggProfileHandler)}
 
-#: Upstream plugin types accepted and ignored: the router supplies their data itself
-#: (prefix match info on each Endpoint) or they only select profiles.
-IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer"})
+#: Upstream plugin types accepted and ignored here: the router supplies their data itself
+#: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
+#: control (``flowcontrol.build_flow_control`` builds those).
+IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer", *FLOW_PLUGIN_TYPES})
 
 _TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
                        "data", "flowControl"})
@@ -116,10 +127,32 @@ def _role(plugin: Any) -> str:
         return "producer"
     if isinstance(plugin, InFlightTracker):
         return "inflight"
+    if isinstance(plugin, _HandlerSpec):
+        return "handler"
+    if callable(getattr(plugin, "disaggregate", None)):
+        return "decider"
     for role in ("filter", "score", "admit", "pick"):
         if callable(getattr(plugin, role, None)):
             return role
     return "ignored"
+
+
+class _HandlerSpec:
+    """A disagg-profile-handler whose decider names are resolved once all plugins exist."""
+
+    def __init__(self, name: str, kwargs: dict) -> None:
+        self.name, self.kwargs = name, kwargs
+
+    def build(self, loc: str, instances: dict) -> DisaggProfileHandler:
+        kw = dict(self.kwargs)
+        for stage in ("prefill", "encode"):
+            ref = kw.get(f"{stage}_decider")
+            if ref is None:
+                continue
+            if _role(instances.get(ref)) != "decider":
+                raise ConfigError(f"{loc}.parameters.deciders.{stage}", f"{ref!r} is not a decider plugin of this config")
+            kw[f"{stage}_decider"] = instances[ref]
+        return DisaggProfileHandler(name=self.name, **kw)
 
 
 def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: Any = None,
@@ -155,6 +188,10 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
             raise ConfigError(f"{loc}.type", f"unknown plugin type {ptype!r} (known: {', '.join(sorted(PLUGIN_TYPES))})")
         params = spec.get("parameters")
         try:
+            if cls is DisaggProfileHandler:
+                instances[name] = _HandlerSpec(name, cls.parse_params(params))
+                order.append(name)
+                continue
             if cls is PredictedLatencyProducer:
                 plugin = cls.from_config(params, predictor=predictor, sink=sink, **producer_kwargs)
             else:
@@ -172,11 +209,19 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     inflight = trackers[0] if trackers else InFlightTracker()
     admitters = [instances[n] for n in order if _role(instances[n]) == "admit"]
     pickers = [instances[n] for n in order if _role(instances[n]) == "pick"]
+    handlers = [n for n in order if _role(instances[n]) == "handler"]
+    if len(handlers) > 1:
+        raise ConfigError("plugins", f"at most one profile handler is supported, got {handlers}")
+    handler = None
+    if handlers:
+        handler = instances[handlers[0]].build(f"plugins[{order.index(handlers[0])}]", instances)
 
     profiles_cfg = cfg.get("schedulingProfiles")
     if not profiles_cfg:
         if not plugins_cfg:
             return Scheduler(producer, admitters, [default_profile()], inflight)
+        if handler is not None:
+            raise ConfigError("schedulingProfiles", "required with a disagg-profile-handler")
         profiles_cfg = [{"name": "default", "plugins": [{"pluginRef": n} for n in order]}]
     if not isinstance(profiles_cfg, list):
         raise ConfigError("schedulingProfiles", "must be a list")
@@ -212,8 +257,11 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
                 if profile.picker is not None:
                     raise ConfigError(f"{rloc}.pluginRef", "a profile has at most one picker")
                 profile.picker = plugin
-            # producers, admitters, in-flight accounting and ignored types are global
+            # producers, admitters, deciders, in-flight accounting, handlers and ignored types are global
         if profile.picker is None:
             profile.picker = pickers[0] if pickers else MaxScorePicker(rng=rng if rng is not None else random.Random())
         profiles.append(profile)
-    return Scheduler(producer, admitters, profiles, inflight)
+    if handler is not None and handler.decode_profile not in {p.name for p in profiles}:
+        raise ConfigError("schedulingProfiles", f"the disagg-profile-handler needs a profile named "
+                                                f"{handler.decode_profile!r}")
+    return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler)

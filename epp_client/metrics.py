@@ -14,7 +14,9 @@ Series (all counters unless noted): ``epp_prediction_calls_total``,
 (gauge over the recent window), ``epp_training_entries_total{outcome}`` (added, sent,
 dropped, downsampled, failed), ``epp_training_buffered`` (gauge), ``epp_producer_events_total{event}``,
 ``epp_scorer_composite_fallbacks_total``, ``epp_admission_rejections_total{admitter}``,
-``epp_inflight_requests{endpoint}`` / ``epp_inflight_tokens{endpoint}`` (gauges).
+``epp_inflight_requests{endpoint}`` / ``epp_inflight_tokens{endpoint}`` (gauges),
+``llm_d_epp_disagg_decision_total{plugin_name, plugin_type, model_name, decision_type}``
+(upstream's P/D decision counter, with a disagg profile handler).
 """
 from __future__ import annotations
 
@@ -96,6 +98,13 @@ class EppCollector(Collector):
         for a in s.admitters:
             fam.add_metric([getattr(a, "TYPE", type(a).__name__)], getattr(a, "rejected", 0))
         yield fam
+        handler = getattr(s, "profile_handler", None)
+        if handler is not None:
+            fam = CounterMetricFamily("llm_d_epp_disagg_decision", "disaggregation routing decisions",
+                                      labels=["plugin_name", "plugin_type", "model_name", "decision_type"])
+            for (model, decision), n in sorted(handler.decisions.items()):
+                fam.add_metric([handler.name, handler.TYPE, model, decision], n)
+            yield fam
         if s.inflight is not None:
             req = GaugeMetricFamily("epp_inflight_requests", "requests in flight", labels=["endpoint"])
             tok = GaugeMetricFamily("epp_inflight_tokens", "uncached prompt tokens in flight", labels=["endpoint"])

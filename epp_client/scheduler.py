@@ -23,6 +23,12 @@ them too: ``observe`` with every candidate before the profiles run (``now`` defa
 ``time.monotonic()``), ``pre_request`` with the primary target, ``on_complete`` at the
 end of the request, aborts included.
 
+With a ``profile_handler`` (``disagg-profile-handler``, B4.7) only the profiles it picks
+run (decode, then prefill / encode when its deciders say so); ``result.profiles`` and
+``result.picks`` carry the pick per profile, ``result.decision`` the P/D decision, and
+``pre_request`` writes ``x-prefiller-host-port`` / ``x-encoder-hosts-ports`` into the
+request headers (or removes them when the stage did not run).
+
 Build from Python objects (``Scheduler(producer=..., admitters=[...], profiles=[...])``)
 or from an EndpointPickerConfig-style dict / YAML text with :meth:`Scheduler.from_config`.
 Not thread-safe: one scheduler per event loop / simulator.
@@ -95,6 +101,7 @@ class SchedulingResult:
     candidates: list = field(default_factory=list)  # per-request clones, with predictions
     status: int = 200  # 200, or the HTTP status a gateway should answer
     reason: str = ""  # e.g. the admission reason or "rejected-saturated"
+    decision: str = ""  # P/D decision with a disagg profile handler, e.g. "prefill-decode"
 
     @property
     def ok(self) -> bool:
@@ -113,7 +120,8 @@ class SchedulingResult:
 class Scheduler:
     def __init__(self, producer: PredictedLatencyProducer | None = None, admitters: Sequence = (),
                  profiles: Sequence[SchedulingProfile] | SchedulingProfile = (), inflight: InFlightTracker | None = None,
-                 primary_profile: str | None = None, producer_timeout_s: float = PRODUCER_TIMEOUT_S) -> None:
+                 primary_profile: str | None = None, producer_timeout_s: float = PRODUCER_TIMEOUT_S,
+                 profile_handler: Any = None) -> None:
         if isinstance(profiles, SchedulingProfile):
             profiles = [profiles]
         self.producer = producer
@@ -123,6 +131,9 @@ class Scheduler:
         names = [p.name for p in self.profiles]
         if len(set(names)) != len(names):
             raise ConfigError("schedulingProfiles", f"duplicate profile names: {names}")
+        self.profile_handler = profile_handler
+        if primary_profile is None and profile_handler is not None:
+            primary_profile = profile_handler.decode_profile
         if primary_profile is None:
             primary_profile = "decode" if "decode" in names else names[0]
         self.primary_profile = primary_profile
@@ -173,15 +184,21 @@ class Scheduler:
                 self._discard(request)
                 return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates,
                                         status=admission.status, reason=admission.reason)
-        results = {}
-        for profile in self.profiles:
-            results[profile.name] = profile.run(request, candidates)
-        primary = results[self.primary_profile]
+        decision = ""
+        if self.profile_handler is not None:
+            results = self.profile_handler.run(request, {p.name: p for p in self.profiles}, candidates)
+            decode = results.get(self.profile_handler.decode_profile)
+            if decode is not None and decode.picked:
+                decision = _decision(self.profile_handler, results)
+        else:
+            results = {profile.name: profile.run(request, candidates) for profile in self.profiles}
+        primary = results.get(self.primary_profile) or ProfileResult(self.primary_profile, [], {})
         if not primary.picked:
             self._discard(request)
             return SchedulingResult(request.request_id, [], primary.scores, admission, results, candidates,
                                     status=429, reason="rejected-saturated")
-        return SchedulingResult(request.request_id, primary.picked, primary.scores, admission, results, candidates)
+        return SchedulingResult(request.request_id, primary.picked, primary.scores, admission, results, candidates,
+                                decision=decision)
 
     def _discard(self, request: InferenceRequest) -> None:
         if self.producer is not None:
@@ -231,6 +248,17 @@ class Scheduler:
                 plugin.pre_request(request, target)
         if self.producer is not None:
             self.producer.pre_request(request, picks, now)
+        self.apply_stage_headers(request.headers, result)
+
+    def apply_stage_headers(self, headers: dict, result: Any) -> None:
+        """The profile handler's PreRequest: write (or remove) the P/D stage headers."""
+        if self.profile_handler is None or getattr(result, "profiles", None) is None:
+            return
+        for name, value in self.profile_handler.headers(result.profiles).items():
+            if value is None:
+                headers.pop(name, None)
+            else:
+                headers[name] = value
 
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
         if self.inflight is not None:
@@ -250,6 +278,12 @@ class Scheduler:
             plugin.on_complete(request_id)
         if self.producer is not None:
             self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
+
+
+def _decision(handler: Any, results: dict) -> str:
+    from .plugins.disagg import decision_type
+
+    return decision_type(handler.encode_profile in results, handler.prefill_profile in results)
 
 
 def default_profile() -> SchedulingProfile:

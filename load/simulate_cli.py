@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from load.sim import bench
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
@@ -40,6 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epp-config", default=None,
                    help="EndpointPickerConfig YAML file for the predicted policies (default: llm-d's well-known "
                         "predicted-latency-slo config)")
+    p.add_argument("--flow-ttl", type=float, default=60.0,
+                   help="request TTL in seconds of the <router>+<ordering> flow-control policies (0: none)")
+    p.add_argument("--flow-detector", action="append", default=[], metavar="NAME=VALUE",
+                   help="utilization-detector parameter of the flow-control policies, e.g. queueDepthThreshold=2 "
+                        "(repeatable; llm-d's defaults otherwise)")
+    p.add_argument("--prefill-servers", type=int, default=None,
+                   help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
+    p.add_argument("--decode-servers", type=int, default=None,
+                   help="P/D policies (pd-*): decode servers (with --prefill-servers: any GPU count)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -70,18 +81,30 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS.values():
             print(f"  {s.name:<20} {s.description}")
         print("\npolicies:\n  " + ", ".join(bench.known_policies()))
+        print("  <router>+<ordering>: flow control in front of a router, ordering one of fcfs, round-robin, las, "
+              "turn-priority (e.g. token-load+turn-priority, predicted+las)")
         return 0
     try:
         scenario = get_scenario(args.scenario)
         loads = _loads(args.load)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        bad = [p for p in policies if p not in bench.known_policies()]
+        bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
             raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                              f"known: {', '.join(bench.known_policies())}")
         if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
             raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
+        detector = {}
+        for item in args.flow_detector:
+            name, _, value = item.partition("=")
+            detector[name] = yaml.safe_load(value) if value else None
+        from epp_client.flowcontrol import UtilizationDetector
+
+        UtilizationDetector.from_config(detector or None)   # validate now: ConfigError names the parameter
+        for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag}: must be >= 1, got {v}")
         if args.seeds < 1:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
@@ -101,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace, epp_config=epp_config)
+                            record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
+                            flow_detector=detector,
+                            extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     if args.seeds > 1:
         return _main_seeds(args, scenario, loads, policies, opts)
     arrivals, capacity = bench.prepare(scenario, opts)
@@ -140,12 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         write_results(out, scenario.name, args.seed, summary, meta)
         plots = [] if args.no_plots else write_plots(out, results, raw)
-        write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        report = write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        if scenario.programs is not None:
+            from load.sim.agentic import table as ptable
+            with open(report, "a") as f:
+                f.write("\n## Programs\n\nProgram completion = last turn's end - program arrival (completed "
+                        "programs); TTFT by turn depth includes the queue wait; wait = arrival -> dispatch; "
+                        "Jain's index over per-program mean waits.\n")
+                for label, per in results.items():
+                    f.write(f"\n### Load {label}\n\n{ptable(per)}\n")
         print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     else:
         from load.sim.report import table
         for label, per in results.items():
             print(f"\nload {label}\n" + table(per))
+            if scenario.programs is not None:
+                from load.sim.agentic import table as ptable
+                print(ptable(per))
     return 0
 
 

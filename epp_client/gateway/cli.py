@@ -33,14 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_router(settings: GatewaySettings):
-    """The epp_client scheduler when a config is given, else the built-in router."""
+    """The epp_client scheduler when a config is given (behind flow control when the config
+    has a ``flowControl`` section), else the built-in router."""
     if settings.config is None:
         from .router import BuiltinRouter
 
         return BuiltinRouter()
-    from .epp_router import EppRouter
+    from pathlib import Path
 
-    return EppRouter.from_settings(settings)
+    from .epp_router import EppRouter
+    from .flowgate import FlowGate
+
+    return FlowGate.wrap(EppRouter.from_settings(settings), Path(settings.config).read_text(),
+                         settings.scrape_interval_s)
 
 
 def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:

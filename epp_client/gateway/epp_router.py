@@ -38,7 +38,7 @@ def to_endpoint(c: Candidate) -> Endpoint:
     hostport = st.host_port
     host, _, port = hostport.rpartition(":")
     return Endpoint(
-        name=st.name, address=host, port=int(port) if port.isdigit() else 0,
+        name=st.name, address=host, port=int(port) if port.isdigit() else 0, labels=dict(st.labels),
         metrics=EndpointMetrics(kv_cache_usage=m.kv_cache_usage or 0.0, waiting_queue_size=m.waiting or 0,
                                 running_requests_size=m.running or 0, active_lora_adapters=m.active_lora,
                                 waiting_lora_adapters=m.waiting_lora, max_active_lora=m.max_lora),
@@ -78,6 +78,9 @@ class EppRouter:
             return Decision(order=[], admitted=False, status=res.status if res.status >= 400 else 429,
                             reason=res.reason or res.admission.reason or "rejected",
                             fallback=fallback, predicted=predicted, model_version=version)
+        # P/D: x-prefiller-host-port / x-encoder-hosts-ports go upstream with the request
+        # (set when the stage ran, removed otherwise, so a client cannot choose them)
+        self.scheduler.apply_stage_headers(req.headers, res)
         return Decision(order=[by_name[e.name] for e in res.picked if e.name in by_name],
                         fallback=fallback, predicted=predicted, model_version=version,
                         handle={"request": ereq, "result": res, "dispatched": None})

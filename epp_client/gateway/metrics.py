@@ -52,6 +52,8 @@ class GatewayMetrics:
             inflight_tok.labels(endpoint=ep.name).set_function(lambda e=ep: e.inflight_tokens)
             kv.labels(endpoint=ep.name).set_function(lambda e=ep: e.metrics.kv_cache_usage or 0.0)
         hit.set_function(lambda: gw.prefix.hit_ratio)
+        if callable(getattr(gw.router, "collect", None)):   # e.g. flow control's queues and fairness metrics
+            r.register(gw.router)
 
     def observe(self, info, cand, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
         name = cand.state.name

@@ -94,6 +94,7 @@ class EndpointState:
     dispatch_failures: int = 0       # consecutive failures before first byte
     inflight_requests: int = 0       # requests this gateway has in flight there
     inflight_tokens: int = 0         # their uncached prompt tokens until the first chunk
+    labels: dict = field(default_factory=dict)  # e.g. {"llm-d.ai/role": "prefill"} for P/D profiles
 
     @property
     def host_port(self) -> str:
@@ -146,10 +147,15 @@ class Scraper:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
+
+
+async def cancel_task(task: asyncio.Task | None) -> None:
+    """Cancel a background task and wait until it has stopped."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

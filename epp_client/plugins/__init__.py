@@ -16,9 +16,13 @@ The ``*ProducerName`` parameters are accepted for config compatibility and ignor
 this library each attribute has one source (the fields of :class:`~epp_client.Endpoint`).
 """
 from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
+from .deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
+from .disagg import DisaggProfileHandler
 from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
 from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
+from .predicted_decider import PredictedPDDecider
 from .producer import PredictedLatencyProducer
+from .roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer, QueueScorer,
                       composite_scores)
 
@@ -26,4 +30,6 @@ __all__ = [
     "PredictedLatencyProducer", "PrefixCacheAffinityFilter", "SloHeadroomTierFilter", "LatencyScorer", "QueueScorer",
     "KVCacheUtilizationScorer", "PrefixCacheScorer", "LoraAffinityScorer", "LatencySloAdmitter",
     "ProbabilisticAdmitter", "WeightedRandomPicker", "MaxScorePicker", "RandomPicker", "composite_scores",
+    "DecodeFilter", "PrefillFilter", "EncodeFilter", "PrefixBasedPDDecider", "AlwaysDisaggPDDecider",
+    "PredictedPDDecider", "DisaggProfileHandler",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+from ..flowcontrol.saturation import roofline
 from ..params import Configurable, Param, gt
 from ..types import ADMITTED, Admission, Endpoint, InferenceRequest
 
@@ -85,8 +86,8 @@ class ProbabilisticAdmitter(Configurable):
             if m is None:
                 total += 1.0
             else:
-                total += max(m.waiting_queue_size / self.queue_depth_threshold,
-                             m.kv_cache_usage / self.kv_cache_util_threshold)
+                total += roofline(m.waiting_queue_size, m.kv_cache_usage, self.queue_depth_threshold,
+                                  self.kv_cache_util_threshold)
         return total / len(endpoints)
 
     def admit(self, request: InferenceRequest | None, endpoints: list[Endpoint]) -> Admission:

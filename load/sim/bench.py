@@ -29,23 +29,66 @@ class RunOptions:
     retrain_interval_s: float = 60.0       # simulated seconds between retrains (in-process mode)
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
+    flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
+    flow_detector: dict = field(default_factory=dict)   # their utilization-detector parameters (camelCase)
     extra: dict = field(default_factory=dict)
 
 
 def make_router(policy: str, opts: RunOptions, n_servers: int):
+    from . import flowsim
+
+    fc = flowsim.split(policy)
+    if fc is not None:
+        return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s, opts.flow_detector)
+    if is_pd_policy(policy):
+        raise ValueError(f"{policy} runs on P/D pools: use run_one")
     if policy in NATIVE:
         return NATIVE[policy](opts.seed)
     if policy in EPP_POLICIES:
         from . import epp_routers
-        return epp_routers.make(policy, opts, n_servers)
+        router = epp_routers.make(policy, opts, n_servers)
+        if opts.epp_config and "flowControl" in opts.epp_config:
+            router = flowsim.from_config(router, opts.epp_config)   # the config's own flowControl section
+        return router
     raise ValueError(f"unknown policy {policy!r}; known: {', '.join((*NATIVE, *EPP_POLICIES))}")
 
 
+def _pd_policies() -> tuple[str, ...]:
+    from .pd_bench import PD_POLICIES
+    return PD_POLICIES
+
+
+def is_pd_policy(policy: str) -> bool:
+    """A P/D policy: one of pd_bench.PD_POLICIES or ``pd-prefix-<N>`` for any N."""
+    from .pd_bench import is_pd_policy as check
+    return check(policy)
+
+
 def known_policies() -> tuple[str, ...]:
-    return (*NATIVE, *EPP_POLICIES)
+    return (*NATIVE, *EPP_POLICIES, *_pd_policies())
+
+
+def is_known(policy: str) -> bool:
+    """A plain or P/D policy, or ``<router>+<ordering>`` (flow control in front of a known router)."""
+    from . import flowsim
+
+    if is_pd_policy(policy):
+        return True
+
+    try:
+        fc = flowsim.split(policy)
+    except ValueError:
+        return False
+    return (fc[0] if fc else policy) in known_policies()
 
 
 def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
+    """(arrivals, capacity in requests/s); for a program scenario (programs, capacity in programs/s)."""
+    if scenario.programs is not None:
+        from . import agentic
+
+        progs = scenario.programs(opts.seed)[:opts.limit]
+        return progs, agentic.capacity_programs(progs, scenario.servers)
     arrivals = scenario.workload(opts.seed)
     if opts.limit is not None:
         arrivals = arrivals[:opts.limit]
@@ -57,11 +100,25 @@ def prepare(scenario: Scenario, opts: RunOptions) -> tuple[list, float]:
 def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float, policy: str, opts: RunOptions,
             progress: Callable[[float], None] | None = None):
     """Simulate one (load, policy); returns (metrics, raw latency arrays, router)."""
-    scaled = W.scale_to_rate(arrivals, load * capacity)
-    reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
-    if scenario.lora is not None:
-        scenario.lora.apply(reqs, scaled, opts.seed)
+    if is_pd_policy(policy):
+        from . import pd_bench
+        return pd_bench.run_one(scenario, arrivals, capacity, load, policy, opts, progress)
     router = make_router(policy, opts, len(scenario.servers))
+    driver = None
+    if scenario.programs is not None:      # closed loop: the driver injects each next turn
+        from . import agentic
+        from .flowsim import FlowSimRouter
+
+        driver = agentic.AgenticDriver(agentic.scaled(arrivals, load * capacity), scenario.slo_classes[0],
+                                       scenario.servers[0])
+        reqs = driver.initial_requests()
+        router = router if isinstance(router, FlowSimRouter) else FlowSimRouter(router)
+        router.driver = driver
+    else:
+        scaled = W.scale_to_rate(arrivals, load * capacity)
+        reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
+        if scenario.lora is not None:
+            scenario.lora.apply(reqs, scaled, opts.seed)
     cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s,
                             lora=scenario.lora.slots if scenario.lora is not None else None)
     sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
@@ -75,6 +132,10 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     if close is not None:
         close()
     m, raw = summarize(res, len(scenario.servers))
+    if driver is not None:
+        from .agentic import summarize_programs
+
+        m.update(summarize_programs(driver))
     return m, raw, router
 
 

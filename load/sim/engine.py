@@ -1,9 +1,16 @@
 """Discrete-event simulation of a cluster of model servers behind one router.
 
 No per-token events: servers advance by engine steps; idle time is skipped. Events are
-step ends (heap), arrivals (a sorted list), metric scrapes and router ticks (fixed
-intervals, only while arrivals remain). Ties are broken deterministically: step ends,
-then scrapes, then ticks, then arrivals, each in index order.
+step ends (heap), timers (``call_at``, e.g. a KV transfer finishing), arrivals (a sorted
+list), metric scrapes and router ticks (fixed intervals, only while arrivals remain). Ties
+are broken deterministically: step ends, then timers, then scrapes, then ticks, then router
+wake-ups, then arrivals, each in index order.
+
+Two hooks serve routers that hold requests back (flow control) and closed-loop workloads:
+``route`` may return ``DEFERRED`` (the router keeps the request and later calls
+``sim.dispatch``; ``sim.wake(t)`` asks for an ``on_wake(t)`` call), and ``sim.inject(req)``
+adds an arrival during the run (a program's next turn). Scrapes and ticks continue while
+injected arrivals or wake-ups are pending.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ from .request import SimRequest
 from .server import Metrics, ModelServer
 from .stepmodel import ServerSpec
 
+#: ``Router.route`` result: the router keeps the request and dispatches it later itself.
+DEFERRED = -1
+
 
 class Router(Protocol):
     name: str
@@ -27,6 +37,7 @@ class Router(Protocol):
     def on_first_token(self, req: SimRequest, now: float) -> None: ...
     def on_finish(self, req: SimRequest, now: float) -> None: ...
     def on_tick(self, now: float) -> None: ...
+    def on_wake(self, now: float) -> None: ...
 
 
 @dataclass
@@ -74,10 +85,46 @@ class Simulation:
         self._seq = 0
         self._busy = [False] * len(self.servers)
         self._pending_scrapes: list = []   # (visible_at, snapshot list)
+        self._injected: list = []          # (arrival, seq, request) added during the run
+        self._wakes: list = []             # router wake-up times
+        self.injected: list[SimRequest] = []
+        self._timers: list = []            # heap of (time, seq, callback(now))
+
+    def call_at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Run ``fn(t)`` at simulated time ``t`` (after the step ends due then)."""
+        self._seq += 1
+        heapq.heappush(self._timers, (t, self._seq, fn))
+
+    def start_server(self, idx: int, now: float) -> None:
+        """Start the server's next step if it is idle (after adding work outside an arrival)."""
+        if not self._busy[idx]:
+            self._start(idx, now)
 
     # -- helpers for routers --------------------------------------------------------------
     def metrics(self) -> list[Metrics]:
         return self.scraped
+
+    def inject(self, req: SimRequest) -> None:
+        """A new arrival at ``req.arrival`` (>= now), e.g. a program's next turn."""
+        self._seq += 1
+        heapq.heappush(self._injected, (req.arrival, self._seq, req))
+        self.injected.append(req)
+
+    def wake(self, t: float) -> None:
+        """Call ``router.on_wake(t)`` at time ``t`` (>= now)."""
+        heapq.heappush(self._wakes, t)
+
+    def dispatch(self, req: SimRequest, idx: int, t: float) -> None:
+        """Send ``req`` to server ``idx`` now (a request that can never fit there is shed)."""
+        srv = self.servers[idx]
+        if -(-(req.input_len + req.output_len) // srv.bs) > srv.kv.num_blocks:
+            req.shed = True     # can never fit on this server
+            return
+        req.dispatch_t = t
+        srv.add(req, t)
+        self.router.on_dispatch(req, idx, t)
+        if not self._busy[idx]:
+            self._start(idx, t)
 
     def _start(self, idx: int, now: float) -> None:
         srv = self.servers[idx]
@@ -121,13 +168,26 @@ class Simulation:
         first_cb = router.on_first_token
         fin_cb = router.on_finish
         last_progress = -1
+        injected, wakes, timers = self._injected, self._wakes, self._timers
         while True:
             t_step = heap[0][0] if heap else inf
             t_arr = reqs[ai].arrival if ai < n else inf
-            if t_step == inf and t_arr == inf:
+            t_inj = injected[0][0] if injected else inf
+            t_wake = wakes[0] if wakes else inf
+            t_timer = timers[0][0] if timers else inf
+            if t_step == inf and t_arr == inf and t_inj == inf and t_wake == inf and t_timer == inf:
                 break
-            t_scr = next_scrape if ai < n else inf
-            t_tick = next_tick if ai < n else inf
+            more = ai < n or injected or wakes
+            if t_inj < t_arr:
+                t_arr = t_inj
+            if (t_timer < t_step and t_timer <= t_arr and t_timer <= t_wake
+                    and (not more or (t_timer <= next_scrape and t_timer <= next_tick))):
+                t, _, fn = heapq.heappop(timers)
+                self.now = t
+                fn(t)
+                continue
+            t_scr = next_scrape if more else inf
+            t_tick = next_tick if more else inf
             if self._pending_scrapes and self._pending_scrapes[0][0] <= min(t_step, t_arr):
                 vis, snap = self._pending_scrapes.pop(0)
                 self.scraped = snap
@@ -141,34 +201,35 @@ class Simulation:
                 self.now = t_scr
                 self._scrape(t_scr)
                 next_scrape = t_scr + interval
-            elif t_tick <= t_arr:
+            elif t_tick <= t_arr and t_tick <= t_wake:
                 self.now = t_tick
                 router.on_tick(t_tick)
                 next_tick = t_tick + tick
+            elif t_wake <= t_arr:
+                self.now = heapq.heappop(wakes)
+                while wakes and wakes[0] <= self.now:
+                    heapq.heappop(wakes)
+                router.on_wake(self.now)
             else:
-                req = reqs[ai]
-                ai += 1
+                if t_inj <= t_arr and injected:
+                    req = heapq.heappop(injected)[2]
+                else:
+                    req = reqs[ai]
+                    ai += 1
                 self.now = t = req.arrival
                 idx = router.route(req, t)
                 if idx is None:
                     req.shed = True
-                else:
-                    srv = servers[idx]
-                    if -(-(req.input_len + req.output_len) // srv.bs) > srv.kv.num_blocks:
-                        req.shed = True     # can never fit on this server
-                    else:
-                        req.dispatch_t = t
-                        srv.add(req, t)
-                        router.on_dispatch(req, idx, t)
-                        if not self._busy[idx]:
-                            self._start(idx, t)
+                elif idx != DEFERRED:
+                    self.dispatch(req, idx, t)
                 if self.progress is not None and n:
                     pct = (100 * ai) // n
                     if pct != last_progress:
                         last_progress = pct
                         self.progress(ai / n)
         return SimResult(
-            requests=reqs, busy_time=[s.busy_time for s in servers], duration_s=self.now,
+            requests=reqs + self.injected if self.injected else reqs, busy_time=[s.busy_time for s in servers],
+            duration_s=self.now,
             steps=sum(s.steps for s in servers), preemptions=sum(s.preemptions for s in servers),
             prompt_tokens=sum(s.prompt_tokens for s in servers), hit_tokens=sum(s.hit_tokens for s in servers),
         )

@@ -41,6 +41,9 @@ class BaseRouter:
     def on_tick(self, now: float) -> None:
         pass
 
+    def on_wake(self, now: float) -> None:
+        pass
+
     def stats(self) -> dict:
         return {}
 

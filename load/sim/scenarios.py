@@ -28,7 +28,9 @@ class Scenario:
     scrape_interval_s: float = 0.05
     scrape_delay_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    programs: Callable[[int], list] | None = None   # closed-loop program scenarios: seed -> programs
     lora: LoraSetup | None = None              # adapter slots + each request's adapter (multi-LoRA)
+    pd: object = None                          # pd_bench.PDSetup: prefill/decode pools of the same GPU count
 
     def cluster_desc(self) -> str:
         names: dict[str, int] = {}
@@ -88,6 +90,30 @@ _add(Scenario("lora-spike", "a fresh pool (no adapter loaded) of 8 Llama-3-8B / 
               "each; first 1,200 Mooncake conversation requests for 8 adapters (Zipf-like), requests 300-699 arrive "
               "3x faster and ask for 16 adapters never seen before",
               spike_arrivals, _pool("llama3-8b-a100", 8), lora=LoraSetup(LoraSpec(max_loras=4), spike_adapters)))
+
+# P/D disaggregation (docs/pd.md): the same 8 GPUs as one aggregated pool or as 5 prefill + 3 decode
+from .pd_bench import PDSetup  # noqa: E402
+
+_add(Scenario("pd", "long prompts (median 6k tokens, 30% behind shared system prompts, Poisson) with 250-token "
+              "answers on 8 Llama-3-8B / A100: aggregated, or 5 prefill + 3 decode servers with KV over 200 Gb/s "
+              "RDMA (pd-* policies)",
+              lambda seed: W.synthetic_poisson(600, rate=1.0, seed=seed, input_median=6000, input_sigma=0.6,
+                                               output_median=250, max_input=32_000, system_prompt_share=0.3),
+              _pool("llama3-8b-a100", 8), pd=PDSetup(5, 3),
+              slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=40.0),)))
+
+
+def _agentic_programs(seed: int) -> list:
+    from .agentic import programs
+
+    return programs(360, seed=seed)
+
+
+_add(Scenario("agentic", "agentic programs (Poisson arrivals; 2-48 turns, median 8; tool/think time median 2 s "
+              "between turns; each turn's prompt = the previous context + answer + a tool result, so the "
+              "previous turn is the shared prefix) on 4 Llama-3-8B / A100 servers with a 300k-token KV cache; "
+              "load 1.0 = the pool's capacity with a perfect prefix cache", lambda seed: [],
+              _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000), programs=_agentic_programs))
 
 
 def get_scenario(name: str) -> Scenario:

@@ -1,0 +1,64 @@
+"""``utilization-detector``: is the pool saturated? (llm-d's defaults)
+
+Per endpoint the score is its most constrained resource,
+``max(waiting / queueDepthThreshold, kvCacheUsage / kvCacheUtilThreshold)``; an endpoint
+whose metrics are missing or older than ``metricsStalenessThreshold`` scores 1.0
+(fail-closed). The pool's saturation is the unweighted mean over endpoints (1.0 for an
+empty pool). Flow control dispatches only while saturation < 1.0 (upstream's static
+usage limit). Defaults: queueDepthThreshold 5, kvCacheUtilThreshold 0.8,
+metricsStalenessThreshold 200ms, headroom 0 (headroom only relaxes upstream's per-endpoint
+scheduling filter, which this project does not implement; it is accepted and kept).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from ..params import Configurable, Param, ge, gt
+
+#: flow control holds requests back while the pool's saturation is at or above this
+USAGE_LIMIT = 1.0
+
+
+class EndpointLoad(NamedTuple):
+    waiting: int
+    kv_cache_usage: float
+    updated_at: float | None       # when these metrics were taken (None: never)
+
+
+def roofline(waiting: float, kv_cache_usage: float, queue_depth_threshold: float, kv_cache_util_threshold: float) -> float:
+    """One endpoint's saturation score: its most constrained resource."""
+    return max(waiting / queue_depth_threshold, kv_cache_usage / kv_cache_util_threshold)
+
+
+class UtilizationDetector(Configurable):
+    TYPE = "utilization-detector"
+    PARAMS = (
+        Param("queueDepthThreshold", "queue_depth_threshold", "int", gt(0)),
+        Param("kvCacheUtilThreshold", "kv_cache_util_threshold", "float",
+              lambda v: None if 0.0 < v <= 1.0 else f"must be in (0, 1], got {v!r}"),
+        Param("metricsStalenessThreshold", "metrics_staleness_s", "duration", gt(0.0)),
+        Param("headroom", "headroom", "float", ge(0.0)),
+    )
+
+    def __init__(self, queue_depth_threshold: int = 5, kv_cache_util_threshold: float = 0.8,
+                 metrics_staleness_s: float = 0.2, headroom: float = 0.0) -> None:
+        v = self._validated(queue_depth_threshold=queue_depth_threshold, kv_cache_util_threshold=kv_cache_util_threshold,
+                            metrics_staleness_s=metrics_staleness_s, headroom=headroom)
+        self.queue_depth_threshold: int = v["queue_depth_threshold"]
+        self.kv_cache_util_threshold: float = v["kv_cache_util_threshold"]
+        self.metrics_staleness_s: float = v["metrics_staleness_s"]
+        self.headroom: float = v["headroom"]
+
+    def saturation(self, endpoints: Sequence[EndpointLoad], now: float) -> float:
+        if not endpoints:
+            return 1.0
+        total = 0.0
+        for e in endpoints:
+            if e.updated_at is None or now - e.updated_at > self.metrics_staleness_s:
+                total += 1.0
+            else:
+                total += roofline(e.waiting, e.kv_cache_usage, self.queue_depth_threshold, self.kv_cache_util_threshold)
+        return total / len(endpoints)
+
+    def saturated(self, endpoints: Sequence[EndpointLoad], now: float) -> bool:
+        return self.saturation(endpoints, now) >= USAGE_LIMIT

@@ -1,0 +1,167 @@
+"""Flow control in the gateway: epp_client's FlowController in front of the router.
+
+``FlowGate`` wraps the gateway's router. ``schedule`` first enqueues the request in its
+band (priority) and flow (fairness id header) and waits until the dispatcher releases
+it: while the pool is saturated (llm-d's utilization detector over the scraped endpoint
+metrics) nothing is released; otherwise the band's fairness policy picks the next flow.
+A request rejected for capacity, or still queued after the TTL, becomes a denied
+Decision: the gateway answers 429 with ``x-llm-d-request-dropped-reason``
+(``rejected-saturated`` / ``rejected-ttl-expired``). A client that disconnects while
+queued is taken out of its queue. Completions feed the policy's per-program state
+(prompt tokens as estimated by the gateway, completion tokens as counted).
+
+Deliberate difference: a metrics snapshot counts as fresh for at least twice the
+gateway's scrape interval (upstream's 200 ms default would mark every endpoint stale
+between two 200 ms scrapes and halt dispatch).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from epp_client.flowcontrol import (REJECTED_TTL, EndpointLoad, FlowControl, ProgramAwareFairness,
+                                    build_flow_control, fairness_id)
+
+from .router import Candidate, Decision, Outcome, RequestInfo
+from .scrape import cancel_task
+
+log = logging.getLogger("epp_client.gateway.flowgate")
+
+
+class FlowGate:
+    def __init__(self, inner, flow: FlowControl, scrape_interval_s: float = 0.2, poll_s: float = 0.02) -> None:
+        self.inner = inner
+        self.flow = flow
+        self.name = f"flow-control+{getattr(inner, 'name', 'router')}"
+        flow.detector.metrics_staleness_s = max(flow.detector.metrics_staleness_s, 2 * scrape_interval_s)
+        self.poll_s = poll_s
+        self.states: list = []
+        self.dispatch_log: collections.deque = collections.deque(maxlen=1000)   # (request id, fairness id)
+        self.saturation = 1.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def wrap(cls, inner, config_text: str, scrape_interval_s: float):
+        """``inner`` unchanged when the config has no ``flowControl`` section."""
+        flow = build_flow_control(config_text)
+        return inner if flow is None else cls(inner, flow, scrape_interval_s)
+
+    # ---- the request path -----------------------------------------------------------------
+    async def schedule(self, req: RequestInfo, candidates: list[Candidate]) -> Decision:
+        self.states = [c.state for c in candidates] or self.states
+        ctl = self.flow.controller
+        fut = asyncio.get_running_loop().create_future()
+        item, reason = ctl.enqueue(req.request_id, fairness_id(req.headers), req.priority, payload=fut)
+        if item is None:
+            return Decision(order=[], admitted=False, status=429, reason=reason)
+        self._ensure_dispatcher()
+        self._wake.set()
+        try:
+            reason = await fut
+        except asyncio.CancelledError:   # client gone or request timeout while queued: leave the queue
+            ctl.remove(item)
+            raise
+        if reason:
+            return Decision(order=[], admitted=False, status=429, reason=reason)
+        decision = await self.inner.schedule(req, candidates)
+        if not decision.admitted:        # released but never sent: no completion will follow
+            ctl.on_complete(item.fairness_id, 0, 0, item.priority)
+        return decision
+
+    def _ensure_dispatcher(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._dispatcher())
+
+    def _loads(self) -> list[EndpointLoad]:
+        return [EndpointLoad(s.metrics.waiting or 0, s.metrics.kv_cache_usage or 0.0,
+                             s.scraped_at if s.scraped_at > 0 else None) for s in self.states]
+
+    async def _dispatcher(self) -> None:
+        ctl = self.flow.controller
+        while True:
+            for item in ctl.expire():
+                if not item.payload.done():
+                    item.payload.set_result(REJECTED_TTL)
+            self.saturation = self.flow.detector.saturation(self._loads(), time.monotonic())
+            while True:
+                item = ctl.dispatch_next(self.saturation)
+                if item is None:
+                    break
+                self.dispatch_log.append((item.request_id, item.fairness_id))
+                if item.payload.done():     # its client left in the meantime: undo the dispatch
+                    ctl.on_complete(item.fairness_id, 0, 0, item.priority)
+                else:
+                    item.payload.set_result("")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s if ctl.size else 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- lifecycle hooks: forwarded; completions feed the fairness policy -------------------
+    def on_dispatch(self, decision, cand, req, now) -> None:
+        self.inner.on_dispatch(decision, cand, req, now)
+
+    def on_first_chunk(self, decision, cand, req, now) -> None:
+        self.inner.on_first_chunk(decision, cand, req, now)
+
+    def on_complete(self, decision, cand, req: RequestInfo, outcome: Outcome, now) -> None:
+        try:
+            self.flow.controller.on_complete(fairness_id(req.headers), req.input_tokens, max(0, outcome.tokens),
+                                             req.priority)
+        finally:
+            self.inner.on_complete(decision, cand, req, outcome, now)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def aclose(self) -> None:
+        await cancel_task(self._task)
+        await self.inner.aclose()
+
+    # ---- introspection and metrics ----------------------------------------------------------
+    def snapshot(self) -> dict:
+        ctl = self.flow.controller
+        if self.states:
+            self.saturation = self.flow.detector.saturation(self._loads(), time.monotonic())
+        return {"saturation": self.saturation, "queued": ctl.size,
+                "queues": [{"priority": p, "fairness_id": f, "length": n} for (p, f), n in ctl.queue_sizes().items()],
+                "dispatched": [{"request_id": r, "fairness_id": f} for r, f in self.dispatch_log],
+                "rejected": dict(ctl.rejected)}
+
+    def collect(self):
+        """Prometheus collector: flow-control state and program-aware fairness metrics (B4.5)."""
+        ctl = self.flow.controller
+        sat = GaugeMetricFamily("llm_d_epp_flow_control_pool_saturation", "Pool saturation (dispatch stops at 1.0)")
+        sat.add_metric([], self.saturation)
+        yield sat
+        q = GaugeMetricFamily("llm_d_epp_flow_control_queue_size", "Requests waiting per band and flow",
+                              labels=["priority", "fairness_id"])
+        for (p, f), n in ctl.queue_sizes().items():
+            q.add_metric([str(p), f], n)
+        yield q
+        rej = CounterMetricFamily("llm_d_epp_flow_control_rejected", "Requests rejected by flow control",
+                                  labels=["reason"])
+        for reason, n in ctl.rejected.items():
+            rej.add_metric([reason], n)
+        yield rej
+        jain = GaugeMetricFamily("llm_d_epp_program_aware_jains_fairness_index",
+                                 "Jain's fairness index over the per-program mean queue waits")
+        wait = GaugeMetricFamily("llm_d_epp_program_aware_avg_wait_time_milliseconds",
+                                 "Running mean of the flow-control queue wait per program", labels=["program_id"])
+        svc = GaugeMetricFamily("llm_d_epp_program_aware_attained_service_tokens",
+                                "Time-decayed attained service per program (LAS)", labels=["program_id"])
+        pols = [p for p in ctl.policies() if isinstance(p, ProgramAwareFairness)]
+        for pol in pols:
+            jain.add_metric([], pol.jains_index())
+            for pid, v in pol.avg_wait_ms().items():
+                wait.add_metric([pid], v)
+            for pid, v in pol.attained_service().items():
+                svc.add_metric([pid], v)
+        if pols:
+            yield from (jain, wait, svc)

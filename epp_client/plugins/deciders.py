@@ -1,0 +1,67 @@
+"""P/D deciders (B4.7): ``disaggregate(request, decode_endpoint, candidates) -> bool``,
+asked by ``disagg-profile-handler`` (decode-first order) after the decode pick whether
+to run the prefill profile. ``candidates`` (every candidate of the request, with the
+producer's predictions) is for deciders that compare pools; the upstream ones ignore it.
+Each decider counts its answers in ``decisions`` ({"yes": n, "no": n})."""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..params import Configurable, Param, ge
+from ..types import Endpoint, InferenceRequest
+
+
+class _Decider(Configurable):
+    def __init__(self) -> None:
+        self.decisions: Counter = Counter()
+
+    def disaggregate(self, request: InferenceRequest, endpoint: Endpoint | None,
+                     candidates: list[Endpoint] | None = None) -> bool:
+        yes = bool(self._decide(request, endpoint, candidates or []))
+        self.decisions["yes" if yes else "no"] += 1
+        return yes
+
+    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
+        raise NotImplementedError
+
+
+class AlwaysDisaggPDDecider(_Decider):
+    """``always-disagg-pd-decider``: always yes."""
+
+    TYPE = "always-disagg-pd-decider"
+
+    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
+        return True
+
+
+class PrefixBasedPDDecider(_Decider):
+    """``prefix-based-pd-decider``: yes iff the prompt is at least ``prompt_tokens`` long
+    (0 = no gate) and its part not cached on the decode endpoint is at least
+    ``non_cached_tokens``; ``non_cached_tokens = 0`` (the default) never disaggregates,
+    and a decode endpoint without prefix match information is never disaggregated."""
+
+    TYPE = "prefix-based-pd-decider"
+    PARAMS = (
+        Param("nonCachedTokens", "non_cached_tokens", "int", ge(0)),
+        Param("promptTokens", "prompt_tokens", "int", ge(0)),
+    )
+
+    def __init__(self, non_cached_tokens: int = 0, prompt_tokens: int = 0) -> None:
+        super().__init__()
+        v = self._validated(non_cached_tokens=non_cached_tokens, prompt_tokens=prompt_tokens)
+        self.non_cached_tokens = v["non_cached_tokens"]
+        self.prompt_tokens = v["prompt_tokens"]
+
+    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
+        if self.non_cached_tokens == 0 or endpoint is None:
+            return False
+        prompt = max(0, int(request.input_tokens))
+        if self.prompt_tokens > 0 and prompt < self.prompt_tokens:
+            return False
+        if prompt < self.non_cached_tokens:
+            return False
+        pm = endpoint.prefix_match
+        if pm is None:
+            return False
+        uncached = prompt - pm.match_blocks * pm.block_size_tokens
+        return uncached >= self.non_cached_tokens

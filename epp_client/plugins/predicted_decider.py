@@ -1,0 +1,99 @@
+"""``predicted-pd-decider`` (this project's; none exists upstream): disaggregate when the
+predictions say it pays.
+
+With ``d`` the decode pick and ``U`` the prompt tokens not cached on ``d`` (the KV the
+decode side must receive), and ``transfer_ms(U) = transfer_latency_ms +
+U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
+
+1. **TTFT rule**: yes when ``min over prefill-capable candidates p != d`` of
+   ``ttft(p) + transfer_ms(U)`` is below ``ttft(d)`` (prefilling locally on ``d``).
+2. **TPOT rule**: yes when ``d`` has running requests (the larger of its reported running
+   requests and this router's in-flight count there) and a local prefill would push them
+   past their TPOT budget: ``tpot(d) + ttft(d) / tpot_window_tokens`` exceeds the budget,
+   i.e. the prefill stall of about ``ttft(d)`` is spread over the ``tpot_window_tokens``
+   tokens a TPOT is averaged over. The budget is ``tpot(d) + tpot_headroom(d)`` when the
+   producer computed a headroom (streaming mode: against the strictest running request's
+   SLO), else the request's own TPOT SLO; without either the rule is off. The remote path
+   must then still meet the request's TTFT SLO (when it has one).
+
+Predictions are the producer's (``Endpoint.prediction``, written once for all candidates
+before the profiles run). No prediction for ``d``, no prefill-capable candidate with a
+prediction, or a prompt shorter than ``min_prompt_tokens``: no.
+
+Defaults: ``kvBytesPerToken`` 131072 = 2 (K and V) x 32 layers x 8 KV heads x 128 head
+dim x 2 bytes (bf16), Llama-3.1-8B's config.json; ``transferBandwidthGBps`` 25 = one
+200 Gb/s RDMA NIC (ConnectX-6/7 class) as NIXL uses for KV transfer between nodes.
+"""
+from __future__ import annotations
+
+from ..params import Param, ge, gt
+from ..types import Endpoint, InferenceRequest
+from .deciders import _Decider
+from .roles import PrefillFilter
+
+_PREFILL = PrefillFilter()
+
+
+def kv_transfer_ms(tokens: int, kv_bytes_per_token: float, bandwidth_gbps: float, latency_ms: float = 0.0) -> float:
+    """Time to move the KV cache of ``tokens`` tokens over a link of ``bandwidth_gbps`` GB/s."""
+    return latency_ms + max(0, tokens) * kv_bytes_per_token / (bandwidth_gbps * 1e9) * 1000.0
+
+
+class PredictedPDDecider(_Decider):
+    TYPE = "predicted-pd-decider"
+    PARAMS = (
+        Param("kvBytesPerToken", "kv_bytes_per_token", "float", gt(0.0)),
+        Param("transferBandwidthGBps", "transfer_bandwidth_gbps", "float", gt(0.0)),
+        Param("transferLatencyMs", "transfer_latency_ms", "float", ge(0.0)),
+        Param("tpotWindowTokens", "tpot_window_tokens", "int", gt(0)),
+        Param("minPromptTokens", "min_prompt_tokens", "int", ge(0)),
+    )
+
+    def __init__(self, kv_bytes_per_token: float = 131072.0, transfer_bandwidth_gbps: float = 25.0,
+                 transfer_latency_ms: float = 0.0, tpot_window_tokens: int = 64, min_prompt_tokens: int = 0) -> None:
+        super().__init__()
+        v = self._validated(kv_bytes_per_token=kv_bytes_per_token, transfer_bandwidth_gbps=transfer_bandwidth_gbps,
+                            transfer_latency_ms=transfer_latency_ms, tpot_window_tokens=tpot_window_tokens,
+                            min_prompt_tokens=min_prompt_tokens)
+        self.kv_bytes_per_token = v["kv_bytes_per_token"]
+        self.transfer_bandwidth_gbps = v["transfer_bandwidth_gbps"]
+        self.transfer_latency_ms = v["transfer_latency_ms"]
+        self.tpot_window_tokens = v["tpot_window_tokens"]
+        self.min_prompt_tokens = v["min_prompt_tokens"]
+        self.reasons: dict[str, int] = {"ttft": 0, "tpot": 0}
+
+    def transfer_ms(self, tokens: int) -> float:
+        return kv_transfer_ms(tokens, self.kv_bytes_per_token, self.transfer_bandwidth_gbps, self.transfer_latency_ms)
+
+    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
+        if endpoint is None or endpoint.prediction is None:
+            return False
+        prompt = max(0, int(request.input_tokens))
+        if prompt < self.min_prompt_tokens or prompt == 0:
+            return False
+        remote = [c.prediction.ttft_ms for c in candidates
+                  if c.name != endpoint.name and c.prediction is not None and _PREFILL.accepts(c)]
+        if not remote:
+            return False
+        pm = endpoint.prefix_match
+        uncached = prompt - (pm.match_blocks * pm.block_size_tokens if pm is not None else 0)
+        remote_ttft = min(remote) + self.transfer_ms(uncached)
+        pred = endpoint.prediction
+        local_ttft = pred.ttft_ms
+        if remote_ttft < local_ttft:
+            self.reasons["ttft"] += 1
+            return True
+        # who a local prefill would stall: what the server reports running, or what this
+        # router has in flight there when that is more recent
+        running = max(endpoint.metrics.running_requests_size if endpoint.metrics is not None else 0,
+                      endpoint.inflight.requests if endpoint.inflight is not None else 0)
+        if running <= 0:
+            return False
+        budget = pred.tpot_ms + pred.tpot_headroom_ms if pred.tpot_headroom_ms else request.tpot_slo_ms
+        if budget <= 0 or pred.tpot_ms + local_ttft / self.tpot_window_tokens <= budget:
+            return False
+        ttft_slo = request.ttft_slo_ms
+        if ttft_slo > 0 and remote_ttft >= ttft_slo:
+            return False
+        self.reasons["tpot"] += 1
+        return True

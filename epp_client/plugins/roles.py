@@ -1,0 +1,58 @@
+"""Role filters (B4.7): keep the endpoints whose ``llm-d.ai/role`` label names a role
+that can run the stage. Unlike the predicted-latency filters these may return an empty
+list (no endpoint of that role): the profile then fails, as upstream."""
+from __future__ import annotations
+
+from ..params import Configurable
+from ..types import Endpoint, InferenceRequest
+
+ROLE_LABEL = "llm-d.ai/role"
+
+#: Upstream role label values.
+ROLE_DECODE = "decode"
+ROLE_PREFILL = "prefill"
+ROLE_ENCODE = "encode"
+ROLE_PREFILL_DECODE = "prefill-decode"
+ROLE_ENCODE_PREFILL = "encode-prefill"
+ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
+ROLE_BOTH = "both"  # deprecated alias of prefill-decode
+
+
+class _RoleFilter(Configurable):
+    ROLES: frozenset = frozenset()
+    ACCEPT_UNLABELLED = False
+
+    def __init__(self) -> None:
+        pass
+
+    def accepts(self, e: Endpoint) -> bool:
+        role = e.labels.get(ROLE_LABEL)
+        if role is None:
+            return self.ACCEPT_UNLABELLED
+        return role in self.ROLES
+
+    def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return [e for e in endpoints if self.accepts(e)]
+
+
+class DecodeFilter(_RoleFilter):
+    """``decode-filter``: decode, prefill-decode, both, encode-prefill-decode, or no label."""
+
+    TYPE = "decode-filter"
+    ROLES = frozenset({ROLE_DECODE, ROLE_PREFILL_DECODE, ROLE_BOTH, ROLE_ENCODE_PREFILL_DECODE})
+    ACCEPT_UNLABELLED = True
+
+
+class PrefillFilter(_RoleFilter):
+    """``prefill-filter``: prefill, encode-prefill, prefill-decode, both, encode-prefill-decode."""
+
+    TYPE = "prefill-filter"
+    ROLES = frozenset({ROLE_PREFILL, ROLE_ENCODE_PREFILL, ROLE_PREFILL_DECODE, ROLE_BOTH,
+                       ROLE_ENCODE_PREFILL_DECODE})
+
+
+class EncodeFilter(_RoleFilter):
+    """``encode-filter``: encode, encode-prefill, encode-prefill-decode."""
+
+    TYPE = "encode-filter"
+    ROLES = frozenset({ROLE_ENCODE, ROLE_ENCODE_PREFILL, ROLE_ENCODE_PREFILL_DECODE})

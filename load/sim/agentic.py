@@ -1,0 +1,175 @@
+"""Scenario ``agentic``: multi-turn agent programs arriving over time (closed loop).
+
+A program arrives (Poisson), then runs turns one after another: each turn's prompt is
+the whole previous context (previous prompt + answer) plus a tool result, so the
+context grows every turn and the previous turn's context is the shared prefix (prefix
+caching matters); the next turn arrives a think/tool time after the previous one
+finished. A turn that is rejected or shed ends its program (counted as failed).
+
+Load: 1.0 = programs arrive as fast as the pool could serve them with a perfect prefix
+cache (``workloads.capacity_rps(..., prefix_reuse=True)`` over all turns, divided by
+the mean turns per program); real caches miss, so load >= 1.0 is contention.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import workloads as W
+from .request import SimRequest
+
+_PROGRAM_KEY = 4 << 40
+_SYS_BASE = (1 << 40) + 777_000
+DEPTHS = ((1, 1), (2, 4), (5, 9), (10, 19), (20, 10**9))
+DEPTH_LABELS = tuple(f"{lo}" if lo == hi else (f"{lo}+" if hi > 1000 else f"{lo}-{hi}") for lo, hi in DEPTHS)
+
+
+@dataclass
+class Program:
+    pid: int
+    arrival: float
+    turns: list                      # W.Arrival templates (their time_s is unused)
+    thinks: list                     # seconds between a turn's end and the next turn's arrival
+    # filled in by the run
+    start: float = -1.0
+    end: float = -1.0
+    failed: bool = False
+    done_turns: int = 0
+    waits: list = field(default_factory=list)
+
+
+def programs(n: int, seed: int = 0, turns_median: float = 8.0, turns_sigma: float = 0.8, max_turns: int = 48,
+             system_blocks: int = 4, task_median: int = 1500, tool_median: int = 700, output_median: int = 150,
+             think_median_s: float = 2.0, max_context: int = 60_000) -> list[Program]:
+    """``n`` programs at unit arrival rate (times are scaled to the load later)."""
+    rng = random.Random(seed ^ 0xA6E7)
+    out = []
+    t = 0.0
+    uniq = 0
+    for pid in range(n):
+        t += rng.expovariate(1.0)
+        nturns = max(2, min(max_turns, round(rng.lognormvariate(math.log(turns_median), turns_sigma))))
+        ctx = system_blocks * W.SEG + W._lognormal_int(rng, task_median, 0.6, 64, 12_000)
+        turns, thinks = [], []
+        for k in range(nturns):
+            if ctx > max_context:
+                break
+            n_out = W._lognormal_int(rng, output_median, 0.7, 8, 1500)
+            full = ctx // W.SEG
+            blocks = [_SYS_BASE + j for j in range(min(system_blocks, full))]
+            blocks += [_PROGRAM_KEY + pid * 1000 + j for j in range(len(blocks), full)]
+            if ctx % W.SEG:
+                uniq += 1
+                blocks.append(_PROGRAM_KEY + 999 + uniq * 1000 * 1000)   # partial block: its content changes next turn
+            turns.append(W.Arrival(0.0, ctx, n_out, W._chunk(blocks, ctx)))
+            ctx += n_out + W._lognormal_int(rng, tool_median, 1.0, 16, 8000)
+            thinks.append(rng.lognormvariate(math.log(think_median_s), 1.0))
+        out.append(Program(pid, t, turns, thinks[:len(turns) - 1]))
+    return out
+
+
+def capacity_programs(progs: list[Program], servers) -> float:
+    """Programs/s the pool serves at load 1.0 (perfect prefix reuse)."""
+    flat = [a for p in progs for a in p.turns]
+    return W.capacity_rps(flat, servers, prefix_reuse=True) * len(progs) / len(flat)
+
+
+def scaled(progs: list[Program], rate: float) -> list[Program]:
+    """Fresh program objects arriving at ``rate`` programs/s (order and shapes kept)."""
+    return [Program(p.pid, p.arrival / rate, p.turns, p.thinks) for p in progs]
+
+
+class AgenticDriver:
+    """Creates each program's turns as SimRequests: the first at the program's arrival,
+    the next one a think time after the previous one ended (``sim.inject``)."""
+
+    def __init__(self, progs: list[Program], slo, spec) -> None:
+        self.progs = {p.pid: p for p in progs}
+        self.slo = slo
+        self.spec = spec
+        self.sim = None
+        self.turn_of: dict[int, tuple[int, int]] = {}
+        self.requests: list[SimRequest] = []
+        self._rid = 0
+
+    def _request(self, p: Program, k: int, at: float) -> SimRequest:
+        a = p.turns[k]
+        r = SimRequest(self._rid, at, a.input_len, a.output_len, a.segments,
+                       ttft_slo_ms=self.slo.ttft_for(a.input_len, self.spec), tpot_slo_ms=self.slo.tpot_ms,
+                       priority=self.slo.priority, session=p.pid, block_size=self.spec.block_size)
+        self.turn_of[self._rid] = (p.pid, k)
+        self._rid += 1
+        self.requests.append(r)
+        return r
+
+    def initial_requests(self) -> list[SimRequest]:
+        return [self._request(p, 0, p.arrival) for p in sorted(self.progs.values(), key=lambda p: p.arrival)]
+
+    def bind(self, sim) -> None:
+        self.sim = sim
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        pid, k = self.turn_of[req.rid]
+        p = self.progs[pid]
+        if req.dispatch_t >= 0:
+            p.waits.append(req.dispatch_t - req.arrival)
+        if req.shed:
+            p.failed, p.end = True, now
+            return
+        p.done_turns = k + 1
+        if k + 1 < len(p.turns):
+            self.sim.inject(self._request(p, k + 1, now + p.thinks[k]))
+        else:
+            p.end = now
+
+
+def summarize_programs(driver: AgenticDriver) -> dict:
+    """Program completion time, TTFT by turn depth, queue waits and Jain's index over per-program mean waits."""
+    progs = list(driver.progs.values())
+    done = [p for p in progs if not p.failed and p.end >= 0]
+    ct = np.array([p.end - p.arrival for p in done])
+    waits = np.array([r.dispatch_t - r.arrival for r in driver.requests if r.dispatch_t >= 0])
+    means = [float(np.mean(p.waits)) for p in progs if p.waits]
+    sq = sum(x * x for x in means)
+    jain = (sum(means) ** 2 / (len(means) * sq)) if len(means) > 1 and sq > 0 else 1.0
+    m = {"programs": len(progs), "programs_completed": len(done), "programs_failed": sum(p.failed for p in progs),
+         "program_completion_mean_s": float(ct.mean()) if ct.size else float("nan"),
+         "program_completion_p90_s": float(np.percentile(ct, 90)) if ct.size else float("nan"),
+         "queue_wait_mean_s": float(waits.mean()) if waits.size else float("nan"),
+         "queue_wait_p99_s": float(np.percentile(waits, 99)) if waits.size else float("nan"),
+         "queue_wait_max_s": float(waits.max()) if waits.size else float("nan"),
+         "program_mean_wait_max_s": max(means) if means else float("nan"),
+         "jain_index": jain}
+    by_depth: dict[str, list] = {}
+    for r in driver.requests:
+        if r.done and not r.shed:
+            k = driver.turn_of[r.rid][1] + 1
+            label = next(lab for (lo, hi), lab in zip(DEPTHS, DEPTH_LABELS) if lo <= k <= hi)
+            by_depth.setdefault(label, []).append(r.ttft_ms)
+    for label in DEPTH_LABELS:
+        v = by_depth.get(label)
+        m[f"ttft_turn_{label}_mean_ms"] = float(np.mean(v)) if v else float("nan")
+    return m
+
+
+AGENTIC_COLUMNS = (("programs done", "programs_completed", "n"), ("failed", "programs_failed", "n"),
+                   ("completion mean", "program_completion_mean_s", "s"), ("completion p90", "program_completion_p90_s", "s"),
+                   *((f"TTFT turn {lab}", f"ttft_turn_{lab}_mean_ms", "ms") for lab in DEPTH_LABELS),
+                   ("prefix hit", "prefix_hit_rate", "pct"), ("wait mean", "queue_wait_mean_s", "s"),
+                   ("wait p99", "queue_wait_p99_s", "s"), ("wait max", "queue_wait_max_s", "s"),
+                   ("Jain (waits)", "jain_index", "x"))
+
+
+def table(per_policy) -> str:
+    def fmt(x, kind):
+        if x is None or (isinstance(x, float) and not math.isfinite(x)):
+            return "–"
+        return {"s": f"{x:.1f} s", "ms": f"{x:.0f}", "pct": f"{100 * x:.1f}%", "x": f"{x:.3f}"}.get(kind, str(x))
+
+    rows = ["| policy | " + " | ".join(c[0] for c in AGENTIC_COLUMNS) + " |", "|---|" + "---|" * len(AGENTIC_COLUMNS)]
+    for pol, m in per_policy.items():
+        rows.append(f"| {pol} | " + " | ".join(fmt(m.get(k), kind) for _, k, kind in AGENTIC_COLUMNS) + " |")
+    return "\n".join(rows)

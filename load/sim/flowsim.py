@@ -1,0 +1,186 @@
+"""Flow control in the simulator: epp_client's FlowController in front of any router, on
+simulated time.
+
+``FlowSimRouter`` wraps a router. Without flow control it only forwards (and tells a
+closed-loop workload driver when a request ends). With flow control every arrival is
+enqueued (one FIFO per fairness id = the request's program, bands by priority); while
+the pool's scraped metrics say it is saturated (llm-d's utilization detector) requests
+wait, otherwise the fairness policy picks the flow that dispatches next and the inner
+router picks its endpoint. Waiting requests are re-examined at every completion and at
+every scrape interval; a request that waits longer than the TTL, or finds its band full,
+is rejected (shed) with upstream's reason. Policy names: ``<router>+<ordering>``, e.g.
+``token-load+turn-priority`` (router ``token-load`` = ``llmd-token-load``).
+"""
+from __future__ import annotations
+
+import collections
+
+from epp_client.flowcontrol import (REJECTED_TTL, BandConfig, EndpointLoad, FlowControl, FlowController,
+                                    GlobalStrictFairness, ProgramAwareFairness, RoundRobinFairness,
+                                    UtilizationDetector, build_flow_control)
+
+from .engine import DEFERRED
+from .request import SimRequest
+
+ORDERINGS = ("fcfs", "round-robin", "las", "turn-priority")
+BASE_ALIASES = {"token-load": "llmd-token-load", "default": "llmd-default"}
+ADMISSION_DENIED = "rejected-admission"
+NEVER_FITS = "rejected-too-large"
+
+
+def flow_id(req: SimRequest) -> str:
+    """The fairness id a simulated request carries: its program (session), else ``default-flow``."""
+    return f"program-{req.session}" if req.session >= 0 else "default-flow"
+
+
+class FlowSimRouter:
+    def __init__(self, inner, flow: FlowControl | None = None, driver=None, name: str | None = None,
+                 description: str = "") -> None:
+        self.inner = inner
+        self.flow = flow
+        self.driver = driver
+        self.name = name or inner.name
+        self.description = description or getattr(inner, "description", "")
+        self.tick_interval_s = getattr(inner, "tick_interval_s", 0.0)
+        self.sim = None
+        self.rejected: collections.Counter = collections.Counter()
+        self._wake_at: float | None = None
+
+    def now(self) -> float:
+        return self.sim.now if self.sim is not None else 0.0
+
+    # ---- engine protocol ------------------------------------------------------------------
+    def bind(self, sim) -> None:
+        self.sim = sim
+        self.inner.bind(sim)
+        if self.driver is not None:
+            self.driver.bind(sim)
+
+    def route(self, req: SimRequest, now: float):
+        if self.flow is None:
+            self._send(req, now)
+            return DEFERRED
+        item, reason = self.flow.controller.enqueue(str(req.rid), flow_id(req), req.priority, payload=req)
+        if item is None:
+            self._reject(req, reason, now)
+        else:
+            self._pump(now)
+        return DEFERRED
+
+    def on_wake(self, now: float) -> None:
+        self._wake_at = None
+        self._pump(now)
+
+    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
+        self.inner.on_dispatch(req, idx, now)
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        self.inner.on_first_token(req, now)
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        self.inner.on_finish(req, now)
+        if self.flow is not None:
+            self.flow.controller.on_complete(flow_id(req), req.input_len, req.generated, req.priority)
+            if self.flow.controller.size:
+                self._wake(now)         # after this step's bookkeeping, not inside it
+        if self.driver is not None:
+            self.driver.on_finish(req, now)
+
+    def on_tick(self, now: float) -> None:
+        self.inner.on_tick(now)
+
+    # ---- flow control ---------------------------------------------------------------------
+    def _send(self, req: SimRequest, now: float) -> bool:
+        idx = self.inner.route(req, now)
+        if idx is None:
+            self._reject(req, ADMISSION_DENIED, now)
+            return False
+        self.sim.dispatch(req, idx, now)
+        if req.shed:
+            self._reject(req, NEVER_FITS, now)
+            return False
+        return True
+
+    def _pump(self, now: float) -> None:
+        ctl, det = self.flow.controller, self.flow.detector
+        for item in ctl.expire():
+            self._reject(item.payload, REJECTED_TTL, now)
+        loads = [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in self.sim.scraped]
+        sat = det.saturation(loads, now)
+        while True:
+            item = ctl.dispatch_next(sat)
+            if item is None:
+                break
+            if not self._send(item.payload, now):
+                ctl.on_complete(item.fairness_id, 0, 0, item.priority)   # never reached a server
+        if ctl.size:
+            nxt = now + self.sim.cluster.scrape_interval_s
+            exp = ctl.next_expiry()
+            self._wake(min(nxt, exp) if exp is not None and exp > now else nxt)
+
+    def _wake(self, t: float) -> None:
+        if self._wake_at is None or t < self._wake_at:
+            self._wake_at = t
+            self.sim.wake(t)
+
+    def _reject(self, req: SimRequest, reason: str, now: float) -> None:
+        req.shed = True
+        self.rejected[reason] += 1
+        if self.driver is not None:
+            self.driver.on_finish(req, now)
+
+    # ---- results ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        out = dict(self.inner.stats())
+        out.update({f"flow_{k}": v for k, v in self.rejected.items()})
+        if self.flow is not None:
+            out["flow_dispatched"] = self.flow.controller.dispatched
+            for pol in self.flow.controller.policies():
+                if isinstance(pol, ProgramAwareFairness):
+                    out["program_aware_jains_index"] = pol.jains_index()
+                    out["program_aware_evicted"] = pol.evicted
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _policy(ordering: str, clock):
+    if ordering == "fcfs":
+        return GlobalStrictFairness()
+    if ordering == "round-robin":
+        return RoundRobinFairness()
+    return ProgramAwareFairness(strategy=ordering, clock=clock)
+
+
+def split(policy: str) -> tuple[str, str] | None:
+    """``"token-load+las"`` -> ("llmd-token-load", "las"); None for a plain policy name."""
+    if "+" not in policy:
+        return None
+    base, ordering = policy.split("+", 1)
+    if ordering not in ORDERINGS:
+        raise ValueError(f"unknown flow-control ordering {ordering!r} in {policy!r}; known: {', '.join(ORDERINGS)}")
+    return BASE_ALIASES.get(base, base), ordering
+
+
+def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None) -> FlowSimRouter:
+    """``<router>+<ordering>``: flow control with one default band using that ordering;
+    ``detector``: utilization-detector parameters (camelCase; llm-d's defaults otherwise)."""
+    _, ordering = split(policy)
+    router = FlowSimRouter(inner, None, name=policy)
+    pol = _policy(ordering, router.now)
+    router.flow = FlowControl(FlowController(BandConfig(pol), request_ttl_s=request_ttl_s, clock=router.now),
+                              UtilizationDetector.from_config(detector or None))
+    router.description = (f"flow control ({ordering} across programs, request TTL {request_ttl_s:g} s, "
+                          f"llm-d utilization detector {detector or 'with its defaults'}) in front of: "
+                          + router.description)
+    return router
+
+
+def from_config(inner, config_text: str) -> FlowSimRouter:
+    """Flow control from an EndpointPickerConfig's ``flowControl`` section (unchanged router when absent)."""
+    router = FlowSimRouter(inner)
+    router.flow = build_flow_control(config_text, clock=router.now)
+    return router

@@ -1,0 +1,169 @@
+"""P/D policies in the simulator and one (load, policy) run of them (``docs/pd.md``).
+
+Every policy runs epp_client's real decision code (``disagg-profile-handler``, the
+deciders, the role filters) on a pool of the same GPU count:
+
+- ``pd-aggregated``: every server ``prefill-decode``, llm-d's default profile (queue 2,
+  KV 2, prefix 3, max-score picker) - the baseline;
+- ``pd-prefix-<N>``: P prefill + D decode servers, ``prefix-based-pd-decider`` with
+  ``nonCachedTokens: N``;
+- ``pd-always``: ``always-disagg-pd-decider``;
+- ``pd-predicted``: ``predicted-pd-decider`` on the predicted-latency producer's
+  predictions (``endpointRoleLabel: llm-d.ai/role``), learned online in the loop.
+
+The decode and prefill profiles filter by role and score with the default profile's
+scorers. P and D come from the scenario's ``pd`` setup or from ``--prefill-servers`` /
+``--decode-servers`` (``RunOptions.extra``).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from epp_client.plugins.roles import ROLE_LABEL
+from epp_client.scheduler import Scheduler
+
+from . import workloads as W
+from .engine import ClusterConfig
+from .epp_routers import EppRouter, _Sink
+from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
+from .report import summarize
+
+PD_THRESHOLDS = (512, 2048, 8192)
+PD_POLICIES = ("pd-aggregated", *(f"pd-prefix-{n}" for n in PD_THRESHOLDS), "pd-always", "pd-predicted")
+
+
+def is_pd_policy(policy: str) -> bool:
+    if policy in PD_POLICIES:
+        return True
+    head, _, n = policy.rpartition("-")
+    return head == "pd-prefix" and n.isdigit()
+
+
+@dataclass(frozen=True)
+class PDSetup:
+    prefill: int
+    decode: int
+    link: str = "rdma-200g"
+
+
+class PDRouter(EppRouter):
+    """An EppRouter whose endpoints carry the servers' roles and whose answer names the
+    prefill server too when the prefill profile ran."""
+
+    def bind(self, sim) -> None:
+        super().bind(sim)
+        for e, role in zip(self.endpoints, sim.roles):
+            e.labels = {ROLE_LABEL: role}
+        self.disaggregated = 0
+
+    def route(self, req, now):
+        idx = super().route(req, now)
+        if idx is None:
+            return None
+        pre = req.ctx[1].picks.get("prefill")
+        if pre is None:
+            return idx
+        self.disaggregated += 1
+        return (idx, self.by_name[pre.name])
+
+    def on_dispatch(self, req, idx, now) -> None:
+        super().on_dispatch(req, idx, now)
+        pre = req.ctx[1].picks.get("prefill")
+        if pre is not None:   # the approximate prefix producer records every profile's pick
+            self.index.record(pre.name, req.ctx[2])
+
+    def stats(self) -> dict:
+        out = super().stats()
+        out["disaggregated"] = getattr(self, "disaggregated", 0)
+        return out
+
+
+_SCORERS = [{"pluginRef": "queue-scorer", "weight": 2}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+            {"pluginRef": "prefix-cache-scorer", "weight": 3}]
+
+
+def pd_config(decider: dict | None, producer: bool = False) -> dict:
+    plugins = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
+               {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"}, {"type": "max-score-picker"}]
+    if producer:
+        plugins.append({"type": "predicted-latency-producer",
+                        "parameters": {"streamingMode": True, "endpointRoleLabel": ROLE_LABEL}})
+    handler: dict = {"type": "disagg-profile-handler", "parameters": {}}
+    if decider is not None:
+        plugins.append({"name": "decider", **decider})
+        handler["parameters"]["deciders"] = {"prefill": "decider"}
+    plugins.append(handler)
+    return {"plugins": plugins, "schedulingProfiles": [
+        {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, *_SCORERS]},
+        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, *_SCORERS]}]}
+
+
+def make_router(policy: str, opts, link: KVLink) -> PDRouter:
+    learner = sink = predictor = None
+    if policy == "pd-aggregated":
+        config, desc = pd_config(None), "aggregated: every server prefill-decode, default profile scorers"
+    elif policy.startswith("pd-prefix-"):
+        n = int(policy.rsplit("-", 1)[1])
+        config = pd_config({"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": n}})
+        desc = f"prefix-based-pd-decider nonCachedTokens {n}"
+    elif policy == "pd-always":
+        config, desc = pd_config({"type": "always-disagg-pd-decider"}), "always-disagg-pd-decider"
+    elif policy == "pd-predicted":
+        from .online import OnlineLearner
+
+        learner = OnlineLearner(retrain_interval_s=opts.retrain_interval_s, seed=opts.seed)
+        predictor = learner.predictor
+        sink = _Sink(learner)
+        config = pd_config({"type": "predicted-pd-decider", "parameters": {
+            "kvBytesPerToken": link.kv_bytes_per_token, "transferBandwidthGBps": link.bandwidth_gbps,
+            "transferLatencyMs": link.latency_ms}}, producer=True)
+        desc = "predicted-pd-decider on online-learned predictions"
+    else:
+        raise ValueError(f"unknown P/D policy {policy!r}; known: {', '.join(PD_POLICIES)}")
+
+    def factory(rng: random.Random, clock, wall):
+        return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng, clock=clock, wall_clock=wall)
+
+    return PDRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=desc)
+
+
+def setup_for(scenario, opts) -> PDSetup:
+    p, d = opts.extra.get("prefill_servers"), opts.extra.get("decode_servers")
+    base = getattr(scenario, "pd", None)
+    if p is None and d is None and base is not None:
+        return base
+    n = len(scenario.servers)
+    if p is None or d is None:
+        if p is None and d is None:
+            raise ValueError(f"P/D policies need --prefill-servers and --decode-servers (scenario {scenario.name} "
+                             "has no P/D pools)")
+        p = n - d if p is None else p
+        d = n - p if d is None else d
+    if p < 1 or d < 1:
+        raise ValueError("--prefill-servers and --decode-servers must be >= 1")
+    return PDSetup(p, d, base.link if base is not None else "rdma-200g")
+
+
+def run_one(scenario, arrivals, capacity, load, policy, opts, progress=None):
+    """One (load, policy) of a P/D comparison; returns (metrics, raw arrays, router)."""
+    setup = setup_for(scenario, opts)
+    n = setup.prefill + setup.decode
+    spec = scenario.servers[0]
+    servers = [spec] * n
+    roles = [BOTH] * n if policy == "pd-aggregated" else [PREFILL] * setup.prefill + [DECODE] * setup.decode
+    link = KVLink.for_preset(spec.name, setup.link)
+    scaled = W.scale_to_rate(arrivals, load * capacity)
+    reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, spec)
+    router = make_router(policy, opts, link)
+    cluster = ClusterConfig(servers, scenario.scrape_interval_s, scenario.scrape_delay_s)
+    sim = PDSimulation(cluster, reqs, router, roles, link, tick_interval_s=router.tick_interval_s, progress=progress)
+    res = sim.run()
+    res.extra.update(router.stats())
+    res.extra["transfer_ms_mean"] = (1000 * sum(x for _, x, _ in sim.transfers.values()) / len(sim.transfers)
+                                     if sim.transfers else 0.0)
+    router.close()
+    m, raw = summarize(res, n)
+    m["goodput_per_gpu_rps"] = m["goodput_rps"] / n
+    m["disaggregated_share"] = m.get("disaggregated", 0) / len(reqs) if reqs else 0.0
+    return m, raw, router

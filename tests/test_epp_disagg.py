@@ -1,0 +1,273 @@
+"""P/D disaggregation (B4.7) through ``Scheduler.from_config``: the disagg profile
+handler's stage orders, the deciders' gates, the role filters, the stage headers, the
+decision counters, and predicted latency with P/D (TTFT trained on the prefill endpoint,
+TPOT on the decode endpoint, ``pod_type`` in every row)."""
+from __future__ import annotations
+
+import random
+
+import prometheus_client
+import pytest
+
+from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.metrics import EppCollector
+from epp_client.plugins import DecodeFilter, PrefillFilter
+from epp_client.predictor import InProcessPredictor
+from epp_client.scheduler import Scheduler
+from epp_client.training import ListSink
+from prediction_server.model import LoadedBundle
+
+ROLE = "llm-d.ai/role"
+
+
+def pd_config(decider: str | None = "prefix-based-pd-decider", decider_params: dict | None = None,
+              stage_order: str | None = None, producer: bool = False) -> dict:
+    plugins = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
+               {"type": "max-score-picker"}]
+    handler: dict = {"type": "disagg-profile-handler", "parameters": {}}
+    if decider is not None:
+        plugins.append({"type": decider, "parameters": decider_params or {}})
+        handler["parameters"]["deciders"] = {"prefill": decider}
+    if stage_order is not None:
+        handler["parameters"]["stageOrder"] = stage_order
+    plugins.append(handler)
+    if producer:
+        plugins.insert(0, {"type": "predicted-latency-producer",
+                           "parameters": {"endpointRoleLabel": ROLE, "streamingMode": True}})
+    return {"plugins": plugins, "schedulingProfiles": [
+        {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}]},
+        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "queue-scorer"}]}]}
+
+
+def pool(decode_cached_blocks: int = 0, prefill_roles=("prefill",), decode_queue=(0, 3)) -> list[Endpoint]:
+    eps = [Endpoint(name=f"d{i}", address=f"10.0.1.{i}", port=8000, labels={ROLE: "decode"},
+                    metrics=EndpointMetrics(waiting_queue_size=q, running_requests_size=q),
+                    prefix_match=PrefixMatch(decode_cached_blocks, 100, 16)) for i, q in enumerate(decode_queue)]
+    eps += [Endpoint(name=f"p{i}", address=f"10.0.2.{i}", port=8200, labels={ROLE: r},
+                     metrics=EndpointMetrics(waiting_queue_size=i), prefix_match=PrefixMatch(0, 100, 16))
+            for i, r in enumerate(prefill_roles)]
+    return eps
+
+
+def sched(config: dict, **kw) -> Scheduler:
+    return Scheduler.from_config(config, rng=random.Random(3), **kw)
+
+
+def req(tokens: int, **headers) -> InferenceRequest:
+    return InferenceRequest(input_tokens=tokens, headers=dict(headers))
+
+
+# -- decode-first -----------------------------------------------------------------------
+def test_decode_first_runs_prefill_when_the_decider_says_yes_and_sets_the_header():
+    s = sched(pd_config(decider_params={"nonCachedTokens": 512}))
+    r = req(2000)
+    res = s.schedule(r, pool())
+    assert res.ok and res.endpoint.name == "d0" and res.decision == "prefill-decode"
+    assert {k: e.name for k, e in res.picks.items()} == {"decode": "d0", "prefill": "p0"}
+    assert s.primary_profile == "decode"
+    s.pre_request(r, res)
+    assert r.headers["x-prefiller-host-port"] == "10.0.2.0:8200"
+    assert "x-encoder-hosts-ports" not in r.headers
+    assert s.profile_handler.decisions == {("unknown", "prefill-decode"): 1}
+
+
+def test_decode_only_removes_a_client_supplied_prefill_header():
+    s = sched(pd_config(decider_params={"nonCachedTokens": 512}))
+    r = req(100, **{"x-prefiller-host-port": "evil:1"})
+    res = s.schedule(r, pool())
+    assert res.ok and res.decision == "decode-only" and set(res.profiles) == {"decode"}
+    s.pre_request(r, res)
+    assert "x-prefiller-host-port" not in r.headers
+
+
+@pytest.mark.parametrize("params, prompt, cached_blocks, want", [
+    ({}, 100_000, 0, False),                                     # nonCachedTokens 0 = never
+    ({"nonCachedTokens": 512}, 511, 0, False),                   # prompt shorter than the threshold
+    ({"nonCachedTokens": 512}, 512, 0, True),                    # uncached == threshold: yes
+    ({"nonCachedTokens": 512}, 1000, 31, False),                 # 1000 - 31*16 = 504 < 512
+    ({"nonCachedTokens": 512}, 1000, 30, True),                  # 1000 - 480 = 520
+    ({"nonCachedTokens": 100, "promptTokens": 2000}, 1999, 0, False),  # prompt gate
+    ({"nonCachedTokens": 100, "promptTokens": 2000}, 2000, 0, True),
+])
+def test_prefix_based_decider_gates(params, prompt, cached_blocks, want):
+    s = sched(pd_config(decider_params=params))
+    res = s.schedule(req(prompt), pool(decode_cached_blocks=cached_blocks))
+    assert res.decision == ("prefill-decode" if want else "decode-only")
+    assert ("prefill" in res.picks) is want
+    assert s.profile_handler.prefill_decider.decisions == {("yes" if want else "no"): 1}
+
+
+def test_prefix_based_decider_says_no_without_prefix_information():
+    s = sched(pd_config(decider_params={"nonCachedTokens": 1}))
+    eps = pool()
+    for e in eps:
+        e.prefix_match = None
+    assert s.schedule(req(5000), eps).decision == "decode-only"
+
+
+def test_always_decider_and_no_decider():
+    assert sched(pd_config("always-disagg-pd-decider")).schedule(req(1), pool()).decision == "prefill-decode"
+    s = sched(pd_config(None))  # no decider: the prefill stage is disabled
+    res = s.schedule(req(100_000), pool())
+    assert res.decision == "decode-only" and "prefill" not in res.picks
+
+
+def test_no_prefill_endpoint_falls_back_to_decode_only():
+    s = sched(pd_config("always-disagg-pd-decider"))
+    r = req(4000)
+    res = s.schedule(r, pool(prefill_roles=()))
+    assert res.ok and res.decision == "decode-only"
+    s.pre_request(r, res)
+    assert "x-prefiller-host-port" not in r.headers
+
+
+def test_no_decode_endpoint_fails_and_counts_no_decision():
+    s = sched(pd_config("always-disagg-pd-decider"))
+    res = s.schedule(req(4000), pool(decode_queue=()))
+    assert not res.ok and res.status == 429 and res.decision == ""
+    assert not s.profile_handler.decisions
+    assert s.profile_handler.prefill_decider.decisions == {}  # not asked
+
+
+# -- prefill-first ----------------------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["prefill-first", "prefill_first", "PrefillFirst", "prefill"])
+def test_prefill_first_always_runs_prefill_then_decode(spelling):
+    s = sched(pd_config(None, stage_order=spelling))
+    r = req(10)
+    res = s.schedule(r, pool())
+    assert res.decision == "prefill-decode" and res.endpoint.name == "d0" and res.picks["prefill"].name == "p0"
+    s.pre_request(r, res)
+    assert r.headers["x-prefiller-host-port"] == "10.0.2.0:8200"
+
+
+def test_prefill_first_without_prefill_endpoints_is_decode_only():
+    s = sched(pd_config(None, stage_order="prefill-first"))
+    assert s.schedule(req(10), pool(prefill_roles=())).decision == "decode-only"
+
+
+def test_prefill_first_rejects_a_prefill_decider():
+    with pytest.raises(ConfigError) as e:
+        sched(pd_config("always-disagg-pd-decider", stage_order="prefill-first"))
+    assert "deciders.prefill" in e.value.param
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda c: c["plugins"][-1]["parameters"].update(stageOrder="sideways"), "stageOrder"),
+    (lambda c: c["plugins"][-1]["parameters"].update(deciders={"prefill": "queue-scorer"}), "deciders.prefill"),
+    (lambda c: c["plugins"][-1]["parameters"].update(deciderPluginName="x"), "deciderPluginName"),  # mixed
+    (lambda c: c["plugins"][-2].update(parameters={"nonCachedTokens": -1}), "nonCachedTokens"),
+    (lambda c: c["schedulingProfiles"].pop(0), "schedulingProfiles"),  # no decode profile
+])
+def test_invalid_handler_configs_name_the_parameter(mutate, where):
+    cfg = pd_config()
+    mutate(cfg)
+    with pytest.raises(ConfigError) as e:
+        sched(cfg)
+    assert where in e.value.param
+
+
+def test_legacy_flat_parameters_are_accepted():
+    cfg = pd_config(decider_params={"nonCachedTokens": 10})
+    cfg["plugins"][-1]["parameters"] = {"deciderPluginName": "prefix-based-pd-decider", "decodeProfile": "decode"}
+    assert sched(cfg).schedule(req(500), pool()).decision == "prefill-decode"
+
+
+# -- role filters -----------------------------------------------------------------------
+ROLES = ["decode", "prefill", "encode", "prefill-decode", "encode-prefill", "encode-prefill-decode", "both", None]
+
+
+def test_role_filters_accept_exactly_the_upstream_roles():
+    eps = [Endpoint(name=str(r), labels={} if r is None else {ROLE: r}) for r in ROLES]
+    assert [e.name for e in DecodeFilter().filter(InferenceRequest(), eps)] == [
+        "decode", "prefill-decode", "encode-prefill-decode", "both", "None"]
+    assert [e.name for e in PrefillFilter().filter(InferenceRequest(), eps)] == [
+        "prefill", "prefill-decode", "encode-prefill", "encode-prefill-decode", "both"]
+
+
+def test_prefill_decode_endpoints_serve_both_profiles():
+    s = sched(pd_config("always-disagg-pd-decider"))
+    eps = [Endpoint(name="a", address="h1", port=1, labels={ROLE: "both"}, metrics=EndpointMetrics(waiting_queue_size=0)),
+           Endpoint(name="b", address="::1", port=2, labels={ROLE: "prefill-decode"},
+                    metrics=EndpointMetrics(waiting_queue_size=5))]
+    r = req(100)
+    res = s.schedule(r, eps)
+    assert res.picks["decode"].name == "a" and res.picks["prefill"].name == "a"
+    eps[0].metrics.waiting_queue_size = 9
+    res = s.schedule(r, eps)
+    s.pre_request(r, res)
+    assert r.headers["x-prefiller-host-port"] == "[::1]:2"  # Go's JoinHostPort brackets IPv6
+
+
+# -- decision counters ------------------------------------------------------------------
+def test_decision_counter_is_exported_per_model_and_type():
+    s = sched(pd_config(decider_params={"nonCachedTokens": 512}))
+    for tokens, model in ((2000, "m1"), (2000, "m1"), (10, "m1"), (10, "")):
+        s.schedule(InferenceRequest(input_tokens=tokens, target_model=model), pool())
+    reg = prometheus_client.CollectorRegistry()
+    reg.register(EppCollector(scheduler=s))
+
+    def val(model, decision):
+        return reg.get_sample_value("llm_d_epp_disagg_decision_total", {
+            "plugin_name": "disagg-profile-handler", "plugin_type": "disagg-profile-handler",
+            "model_name": model, "decision_type": decision})
+    assert (val("m1", "prefill-decode"), val("m1", "decode-only"), val("unknown", "decode-only")) == (2, 1, 1)
+
+
+# -- predicted latency with P/D ---------------------------------------------------------
+class RecordingPredictor(InProcessPredictor):
+    def __init__(self):
+        bundle = LoadedBundle.builtin_prior()
+        super().__init__(lambda: bundle)
+        self.rows: list[list[dict]] = []
+
+    def predict_bulk(self, rows):
+        self.rows.append([dict(r) for r in rows])
+        return super().predict_bulk(rows)
+
+
+def test_pd_predictions_carry_pod_type_and_train_ttft_on_prefill_tpot_on_decode():
+    pred, sink = RecordingPredictor(), ListSink()
+    s = sched(pd_config("always-disagg-pd-decider", producer=True), predictor=pred, sink=sink)
+    r = InferenceRequest(input_tokens=3000, streaming=True,
+                         headers={"x-llm-d-slo-ttft-ms": "5000", "x-llm-d-slo-tpot-ms": "100"})
+    res = s.schedule(r, pool(), now=0.0)
+    assert [row.get("pod_type") for row in pred.rows[0]] == ["decode", "decode", "prefill"]
+    assert all(e.prediction is not None for e in res.candidates)  # one call for all, before the profiles
+    s.pre_request(r, res, now=0.0)
+    assert s.inflight.snapshot("p0").requests == 1 and s.inflight.snapshot("d0").requests == 1
+    s.on_first_chunk(r.request_id, now=0.5)
+    assert s.inflight.snapshot("p0").requests == 0  # the prefill entry ends at the first chunk
+    s.on_chunk(r.request_id, now=0.6)
+    s.on_complete(r.request_id, now=1.5, output_tokens=11)
+    ttft, tpot = [e for e in sink.entries if e["actual_tpot_ms"] == 0], [e for e in sink.entries if e["actual_tpot_ms"] > 0]
+    assert len(ttft) == 1 and ttft[0]["pod_type"] == "prefill" and ttft[0]["actual_ttft_ms"] == pytest.approx(500)
+    p0 = next(e for e in res.candidates if e.name == "p0")
+    assert ttft[0]["predicted_ttft_ms"] == pytest.approx(p0.prediction.ttft_ms)
+    assert len(tpot) == 1 and tpot[0]["pod_type"] == "decode"
+    d0 = next(e for e in res.candidates if e.name == "d0")
+    assert tpot[0]["predicted_tpot_ms"] == pytest.approx(d0.prediction.tpot_ms)
+    # a prefill endpoint is never TPOT-invalid: it does not decode
+    assert p0.prediction.tpot_valid
+
+
+# -- gateway ----------------------------------------------------------------------------
+def test_gateway_router_sends_the_prefill_host_port_upstream():
+    import asyncio
+
+    from epp_client.gateway.epp_router import EppRouter
+    from epp_client.gateway.prefix import Match
+    from epp_client.gateway.router import Candidate, RequestInfo
+    from epp_client.gateway.scrape import EndpointState
+
+    router = EppRouter(sched(pd_config(decider_params={"nonCachedTokens": 512})))
+    cands = [Candidate(EndpointState("dec", "http://127.0.0.1:9001", labels={ROLE: "decode"}), Match(0, 100, 16)),
+             Candidate(EndpointState("pre", "http://127.0.0.1:9002", labels={ROLE: "prefill"}), Match(0, 100, 16))]
+
+    def info(tokens):
+        return RequestInfo("r%d" % tokens, {"x-prefiller-host-port": "client:1"}, 0, tokens, "m", True, None,
+                           "/v1/completions")
+    long, short = info(4000), info(10)
+    d_long = asyncio.run(router.schedule(long, cands))
+    d_short = asyncio.run(router.schedule(short, cands))
+    assert [c.state.name for c in d_long.order] == ["dec"] and long.headers["x-prefiller-host-port"] == "127.0.0.1:9002"
+    assert [c.state.name for c in d_short.order] == ["dec"] and "x-prefiller-host-port" not in short.headers

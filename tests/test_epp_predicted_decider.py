@@ -1,0 +1,135 @@
+"""``predicted-pd-decider``: disaggregate when the prefill pool's predicted TTFT plus the
+KV transfer beats prefilling on the decode endpoint, or when that local prefill would
+push the decode endpoint's running requests past their TPOT budget.
+
+The predictor here is a deterministic table (TTFT by role and queue length) so that each
+rule's boundary can be placed exactly; the rows it receives are the producer's real rows."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.plugins.predicted_decider import PredictedPDDecider, kv_transfer_ms
+from epp_client.predictor import BulkPrediction
+from epp_client.scheduler import Scheduler
+
+ROLE = "llm-d.ai/role"
+
+
+class TablePredictor:
+    """TTFT = base[pod_type] + 100 ms per waiting request; TPOT = tpot ms."""
+
+    def __init__(self, decode_ttft: float, prefill_ttft: float, tpot: float = 20.0) -> None:
+        self.base = {"decode": decode_ttft, "prefill": prefill_ttft}
+        self.tpot = tpot
+
+    def predict_bulk(self, rows):
+        return BulkPrediction([self.base[r["pod_type"]] + 100.0 * r["num_request_waiting"] for r in rows],
+                              [self.tpot] * len(rows), "table")
+
+
+def config(**params) -> dict:
+    return {"plugins": [
+        {"type": "predicted-latency-producer", "parameters": {"endpointRoleLabel": ROLE, "streamingMode": True}},
+        {"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"}, {"type": "max-score-picker"},
+        {"type": "predicted-pd-decider", "parameters": params},
+        {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "predicted-pd-decider"}}}],
+        "schedulingProfiles": [
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}]},
+            {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "queue-scorer"}]}]}
+
+
+def pool(decode_running=0, prefill_waiting=0, cached_blocks=0):
+    return [Endpoint(name="d0", address="10.0.0.1", port=8000, labels={ROLE: "decode"},
+                     metrics=EndpointMetrics(running_requests_size=decode_running),
+                     prefix_match=PrefixMatch(cached_blocks, 200, 16)),
+            Endpoint(name="p0", address="10.0.0.2", port=8000, labels={ROLE: "prefill"},
+                     metrics=EndpointMetrics(waiting_queue_size=prefill_waiting), prefix_match=PrefixMatch(0, 200, 16))]
+
+
+def run(pred, tokens=3000, headers=None, **kw):
+    s = Scheduler.from_config(config(**kw), predictor=pred, rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=tokens, streaming=True, headers=headers or {}), pool_args(kw))
+    return s, res
+
+
+_POOL: dict = {}
+
+
+def pool_args(_kw):
+    return pool(**_POOL)
+
+
+@pytest.fixture(autouse=True)
+def _reset_pool():
+    _POOL.clear()
+    yield
+
+
+def test_transfer_time_formula():
+    # 3000 tokens x 131072 B / 25 GB/s = 15.73 ms
+    assert kv_transfer_ms(3000, 131072, 25.0) == pytest.approx(3000 * 131072 / 25e9 * 1e3)
+    assert PredictedPDDecider(transfer_latency_ms=2.0).transfer_ms(3000) == pytest.approx(2.0 + 15.728640)
+
+
+def test_ttft_rule_boundary():
+    transfer = kv_transfer_ms(3000, 131072, 25.0)
+    # remote = 500 + transfer; local 500 + transfer + 1 -> yes; local exactly equal -> no
+    s, res = run(TablePredictor(decode_ttft=500 + transfer + 1, prefill_ttft=500))
+    assert res.decision == "prefill-decode" and s.profile_handler.prefill_decider.reasons["ttft"] == 1
+    s, res = run(TablePredictor(decode_ttft=500 + transfer, prefill_ttft=500))
+    assert res.decision == "decode-only"
+
+
+def test_ttft_rule_counts_only_uncached_tokens_in_the_transfer():
+    # 3000 tokens, 150 of 200 blocks (2400 tokens) cached on decode: transfer 600 tokens = 3.1 ms
+    _POOL.update(cached_blocks=150)
+    s, res = run(TablePredictor(decode_ttft=505, prefill_ttft=500))
+    assert res.decision == "prefill-decode"
+    _POOL.update(cached_blocks=0)  # all 3000 to move: 15.7 ms > 5 ms gain
+    s, res = run(TablePredictor(decode_ttft=505, prefill_ttft=500))
+    assert res.decision == "decode-only"
+
+
+def test_a_loaded_prefill_pool_keeps_prefill_local():
+    _POOL.update(prefill_waiting=3)  # remote TTFT 500 + 300
+    s, res = run(TablePredictor(decode_ttft=700, prefill_ttft=500))
+    assert res.decision == "decode-only"
+
+
+def test_tpot_rule_protects_running_decodes():
+    # local TTFT 600 < remote 700 + transfer, but 600 ms of prefill over a 64-token window
+    # adds 9.4 ms to TPOT 20 -> 29.4 > SLO 25 while d0 has running requests: disaggregate
+    hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "2000"}
+    _POOL.update(decode_running=4)
+    s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers=hdr)
+    assert res.decision == "prefill-decode" and s.profile_handler.prefill_decider.reasons == {"ttft": 0, "tpot": 1}
+    # the same with a looser TPOT SLO (30 > 29.4): keep it local
+    s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers={**hdr, "x-llm-d-slo-tpot-ms": "30"})
+    assert res.decision == "decode-only"
+    # nobody running on the decode endpoint: no one to protect
+    _POOL.update(decode_running=0)
+    s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers=hdr)
+    assert res.decision == "decode-only"
+    # the remote path would miss the request's TTFT SLO: keep it local
+    _POOL.update(decode_running=4)
+    s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers={**hdr, "x-llm-d-slo-ttft-ms": "650"})
+    assert res.decision == "decode-only"
+
+
+def test_no_predictions_means_no_disaggregation():
+    class Down:
+        def predict_bulk(self, rows):
+            return None
+    s, res = run(Down())
+    assert res.ok and res.decision == "decode-only"
+
+
+def test_min_prompt_tokens_gate_and_parameter_validation():
+    s, res = run(TablePredictor(decode_ttft=5000, prefill_ttft=10), tokens=999, minPromptTokens=1000)
+    assert res.decision == "decode-only"
+    with pytest.raises(ConfigError) as e:
+        Scheduler.from_config(config(transferBandwidthGBps=0))
+    assert "transferBandwidthGBps" in e.value.param

@@ -1,0 +1,111 @@
+"""Flow control in the real gateway on loopback, in front of fake engines: under saturation
+two fairness ids are released in the fairness policy's order, an expired request gets 429
+with its reason, a full band rejects, and the fairness metrics are on /metrics."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from epp_client.gateway.app import build_app
+from epp_client.gateway.core import Gateway
+from epp_client.gateway.epp_router import EppRouter
+from epp_client.gateway.flowgate import FlowGate
+from epp_client.gateway.settings import GatewaySettings
+from epp_client.scheduler import Scheduler
+from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
+
+BASE = """
+plugins:
+- type: program-aware-fairness
+  parameters: {{strategy: turn-priority}}
+- type: queue-scorer
+- type: max-score-picker
+flowControl:
+  defaultRequestTTL: {ttl}
+  defaultPriorityBand: {{fairnessPolicyRef: {policy}, maxRequests: {cap}}}
+"""
+BODY = {"prompt": "hello there", "max_tokens": 3, "stream": True}
+
+
+def start(tmp, urls, text):
+    cfg = tmp / f"epp-{free_port()}.yaml"
+    cfg.write_text(text)
+    s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg), scrape_interval_s=0.05)
+    router = FlowGate.wrap(EppRouter(Scheduler.from_config(text)), text, s.scrape_interval_s)
+    assert isinstance(router, FlowGate)
+    return ServerThread(build_app(Gateway(s, router)), s.port).start()
+
+
+def post(url, fid):
+    return httpx.post(url + "/v1/completions", json=BODY, headers={"x-llm-d-inference-fairness-id": fid}, timeout=30)
+
+
+def wait_for(url, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = httpx.get(url + "/gateway/flow").json()
+        if pred(snap):
+            return snap
+        time.sleep(0.02)
+    raise AssertionError(f"condition not reached: {snap}")
+
+
+def saturate(url, engines, waiting):
+    for e in engines:
+        e.state.waiting = waiting
+    return wait_for(url, lambda s: (s["saturation"] >= 1.0) == (waiting >= 5))
+
+
+@pytest.mark.parametrize("policy,expected", [("program-aware-fairness", ["deep", "new"]),
+                                             ("global-strict-fairness-policy", ["new", "deep"])])
+def test_saturated_pool_releases_flows_in_the_policy_order(tmp_path, engines, policy, expected):
+    srv = start(tmp_path, [e.url for e in engines], BASE.format(ttl="30s", policy=policy, cap=100))
+    try:
+        for _ in range(3):                       # the "deep" program has three turns behind it
+            assert post(srv.url, "deep").status_code == 200
+        saturate(srv.url, engines, 10)           # 10 waiting / threshold 5: saturated
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, srv.url, "new")       # arrives first
+            wait_for(srv.url, lambda s: s["queued"] == 1)
+            second = pool.submit(post, srv.url, "deep")
+            snap = wait_for(srv.url, lambda s: s["queued"] == 2)
+            assert sorted(q["fairness_id"] for q in snap["queues"]) == ["deep", "new"]
+            assert sum(len(e.state.received) for e in engines) == 3    # nothing dispatched while saturated
+            saturate(srv.url, engines, 0)
+            assert first.result().status_code == 200 and second.result().status_code == 200
+        snap = httpx.get(srv.url + "/gateway/flow").json()
+        assert [d["fairness_id"] for d in snap["dispatched"][-2:]] == expected
+        assert sum(len(e.state.received) for e in engines) == 5
+        m = httpx.get(srv.url + "/metrics").text
+        assert "llm_d_epp_flow_control_pool_saturation" in m
+        if policy == "program-aware-fairness":
+            assert 'llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id="new"}' in m
+            assert "llm_d_epp_program_aware_jains_fairness_index" in m
+    finally:
+        srv.stop()
+
+
+def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_path, engines):
+    srv = start(tmp_path, [e.url for e in engines],
+                BASE.format(ttl="400ms", policy="program-aware-fairness", cap=1))
+    try:
+        saturate(srv.url, engines, 20)
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(post, srv.url, "a")
+            wait_for(srv.url, lambda s: s["queued"] == 1)
+            full = post(srv.url, "b")                        # the band holds one request
+            assert full.status_code == 429
+            assert full.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+            r = queued.result()
+        assert r.status_code == 429
+        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+        assert "rejected-ttl-expired" in r.json()["error"]["message"]
+        assert sum(len(e.state.received) for e in engines) == 0
+        m = httpx.get(srv.url + "/metrics").text
+        assert 'llm_d_epp_flow_control_rejected_total{reason="rejected-ttl-expired"} 1.0' in m
+        assert 'latency_gateway_requests_total{path="/v1/completions",status="429"} 2.0' in m
+    finally:
+        srv.stop()

@@ -1,0 +1,104 @@
+"""Flow control and the agentic scenario in the real simulator: closed-loop turns, deferred
+dispatch on simulated time, TTL rejections, and the benchmark's policy names."""
+from __future__ import annotations
+
+import pytest
+
+from load import simulate_cli
+from load.sim import bench
+from load.sim.agentic import AgenticDriver, programs, scaled
+from load.sim.engine import ClusterConfig, Simulation
+from load.sim.flowsim import FlowSimRouter, make, split
+from load.sim.routers import LeastQueueRouter
+from load.sim.scenarios import get_scenario
+from load.sim.workloads import SEG, SloClass
+from load.sim.stepmodel import get_preset
+
+SPEC = get_preset("llama3-8b-a100", kv_capacity_tokens=60_000)
+
+
+def run(policy: str, progs, n_servers: int = 1, ttl: float = 60.0):
+    inner = LeastQueueRouter(0)
+    router = make(policy, inner, ttl) if "+" in policy else FlowSimRouter(inner)
+    driver = AgenticDriver(progs, SloClass(), SPEC)
+    router.driver = driver
+    sim = Simulation(ClusterConfig([SPEC] * n_servers), driver.initial_requests(), router)
+    res = sim.run()
+    return res, driver, router
+
+
+def test_agentic_programs_grow_their_context_and_share_the_previous_turn():
+    for p in programs(30, seed=3):
+        assert 1 <= len(p.turns) <= 48 and len(p.thinks) == len(p.turns) - 1
+        for a, b in zip(p.turns, p.turns[1:]):
+            assert b.input_len > a.input_len + a.output_len                  # + answer + tool result
+            full = a.input_len // SEG
+            assert [k for k, _ in b.segments[:full]] == [k for k, _ in a.segments[:full]]   # shared prefix
+    assert max(len(p.turns) for p in programs(300, seed=0)) >= 20            # "a few to dozens"
+
+
+def test_closed_loop_turns_follow_each_other_and_all_programs_finish():
+    progs = scaled(programs(12, seed=1), 0.5)
+    res, driver, _ = run("least-queue", progs)
+    assert len(res.requests) == sum(len(p.turns) for p in progs)           # turns were injected as they came
+    assert all(r.done and not r.shed for r in res.requests)
+    by_prog: dict = {}
+    for r in sorted(driver.requests, key=lambda r: r.arrival):
+        by_prog.setdefault(r.session, []).append(r)
+    for p in progs:
+        turns = by_prog[p.pid]
+        assert turns[0].arrival == pytest.approx(p.arrival)
+        for k in range(1, len(turns)):                                     # next turn = end + think time
+            assert turns[k].arrival == pytest.approx(turns[k - 1].finish_t + p.thinks[k - 1])
+        assert p.end == pytest.approx(turns[-1].finish_t) and not p.failed
+    hits = sum(max(0, r.hit_tokens) for r in res.requests if driver.turn_of[r.rid][1] > 0)
+    assert hits > 0                                                        # later turns reuse the cached prefix
+
+
+def test_flow_control_holds_requests_while_saturated_and_is_deterministic():
+    progs = scaled(programs(40, seed=2), 2.0)                              # far more than one small server serves
+    res, driver, router = run("x+turn-priority", progs)
+    waits = [r.dispatch_t - r.arrival for r in res.requests if r.dispatch_t >= 0]
+    assert max(waits) > 0.5                                                # the gateway queue held requests
+    assert router.flow.controller.dispatched == len(waits)
+    assert all(r.done for r in res.requests if not r.shed)
+    res2, _, _ = run("x+turn-priority", scaled(programs(40, seed=2), 2.0))
+    assert [r.finish_t for r in res.requests] == [r.finish_t for r in res2.requests]
+    # FCFS orders differently from turn-priority on the same arrivals
+    res3, _, _ = run("x+fcfs", scaled(programs(40, seed=2), 2.0))
+    assert [r.finish_t for r in res3.requests] != [r.finish_t for r in res.requests]
+
+
+def test_ttl_expiry_rejects_and_ends_the_program():
+    progs = scaled(programs(40, seed=2), 2.0)
+    res, driver, router = run("x+fcfs", progs, ttl=0.2)
+    assert router.rejected["rejected-ttl-expired"] > 0
+    failed = [p for p in driver.progs.values() if p.failed]
+    assert failed and all(p.end >= 0 for p in failed)
+    shed = [r for r in res.requests if r.shed]
+    assert all(r.dispatch_t < 0 for r in shed) and all(not r.done for r in shed)
+
+
+def test_policy_names_and_the_agentic_benchmark_metrics():
+    assert split("token-load+las") == ("llmd-token-load", "las") and split("predicted") is None
+    with pytest.raises(ValueError, match="ordering"):
+        split("token-load+srpt")
+    assert bench.is_known("predicted+turn-priority") and not bench.is_known("nope+fcfs")
+    opts = bench.RunOptions(seed=0, limit=25)
+    sc = get_scenario("agentic")
+    progs, cap = bench.prepare(sc, opts)
+    assert len(progs) == 25 and cap > 0
+    m, _, router = bench.run_one(sc, progs, cap, 1.0, "token-load+turn-priority", opts)
+    for key in ("program_completion_mean_s", "program_completion_p90_s", "ttft_turn_1_mean_ms", "prefix_hit_rate",
+                "queue_wait_mean_s", "queue_wait_p99_s", "jain_index", "programs_completed"):
+        assert key in m
+    assert m["programs_completed"] + m["programs_failed"] == 25
+    assert 0 < m["jain_index"] <= 1.0
+
+
+def test_cli_runs_the_agentic_scenario_and_rejects_unknown_orderings(capsys):
+    assert simulate_cli.main(["--scenario", "agentic", "--policies", "token-load+fcfs", "--load", "1.0",
+                              "--limit", "10", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "completion mean" in out and "token-load+fcfs" in out
+    assert simulate_cli.main(["--scenario", "agentic", "--policies", "token-load+edf", "--quiet"]) == 2
