@@ -94,14 +94,15 @@ def test_native_load_replays_the_traces_own_timestamps_and_scaled_loads_compress
     assert doubled[-1].time_s == pytest.approx(19.5 / 2)
 
 
-def simulate(trace, out, *args) -> dict:
-    assert simulate_cli.main(["--trace", str(trace), *args, "--quiet", "--no-plots", "--out", str(out)]) == 0
+def simulate(trace, out, *args, plots=False) -> dict:
+    flags = ["--quiet", "--out", str(out)] + ([] if plots else ["--no-plots"])
+    assert simulate_cli.main(["--trace", str(trace), *args, *flags]) == 0
     return json.loads((out / "results.json").read_text())
 
 
 def test_trace_run_names_the_scenario_after_the_file_and_states_the_share(tmp_path):
     res = simulate(mooncake_file(tmp_path / "my-trace.jsonl"), tmp_path / "out", "--servers", "2", "--preset",
-                   "llama2-7b-h100", "--policies", "round-robin", "--load", "native,0.5")
+                   "llama2-7b-h100", "--policies", "round-robin", "--load", "native,0.5", plots=True)
     assert res["scenario"] == "my-trace"
     share = res["meta"]["load_share"]["native"]
     assert res["meta"]["load_share"]["0.5"] == 0.5 and 0 < share < 0.5
@@ -110,6 +111,7 @@ def test_trace_run_names_the_scenario_after_the_file_and_states_the_share(tmp_pa
     assert res["results"]["native"]["round-robin"]["completed"] == 40
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"{100 * share:.1f}% of capacity" in report and "2 x llama2-7b-h100" in report
+    assert "slo_vs_load.png" in report and (tmp_path / "out" / "slo_vs_load.png").stat().st_size > 0
 
 
 def test_pd_policies_replay_a_trace_on_prefill_and_decode_pools_over_seeds(tmp_path):

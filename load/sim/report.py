@@ -139,7 +139,7 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
 def write_plots(out: Path, results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[str]:
     """Latency vs load, SLO attainment/goodput vs load, TTFT/TPOT CDFs per load (PNG files)."""
     files = []
-    for name, fig in figures(results, raw):
+    for name, fig in figures(results, raw, shares):
         fig.savefig(out / name, dpi=90)
         files.append(name)
     return files
@@ -171,9 +171,10 @@ def legend_outside(fig, *axes) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
 
 
-def figures(results: Mapping, raw: Mapping) -> list[tuple[str, "Figure"]]:
+def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, "Figure"]]:
     """The report's figures (file name, matplotlib Figure), built without pyplot's global
-    state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables."""
+    state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables. ``shares`` maps
+    a load label that is not a number (``native``) to its fraction of capacity."""
     from matplotlib.figure import Figure
 
     out = []
