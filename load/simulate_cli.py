@@ -21,7 +21,7 @@ from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="latency-predictor simulate", description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", default="standard", help="scenario name (see --list)")
+    p.add_argument("--scenario", default=None, help="scenario name (see --list; default standard)")
     p.add_argument("--list", action="store_true", help="list scenarios, server presets and policies, then exit")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay your own trace instead of a scenario: Mooncake JSONL or Azure LLM inference CSV "
@@ -92,7 +92,9 @@ def _scenario(args):
     if args.trace is None:
         if args.servers is not None or args.preset is not None:
             raise ValueError("--servers and --preset go with --trace (a scenario brings its own pool)")
-        return get_scenario(args.scenario)
+        return get_scenario(args.scenario or "standard")
+    if args.scenario is not None:
+        raise ValueError("--trace replaces --scenario: give one of them")
     from load.sim.trace import DEFAULT_PRESET, DEFAULT_SERVERS, trace_scenario
 
     servers = args.servers

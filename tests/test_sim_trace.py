@@ -81,6 +81,9 @@ def test_missing_file_and_native_without_trace_are_clear_errors(tmp_path, capsys
     assert simulate_cli.main(["--scenario", "standard-small", "--load", "native"]) == 2
     assert "'native' needs --trace" in capsys.readouterr().err
     assert simulate_cli.main(["--scenario", "standard-small", "--servers", "3"]) == 2
+    assert "go with --trace" in capsys.readouterr().err
+    assert simulate_cli.main(["--scenario", "pd", "--trace", str(mooncake_file(tmp_path / "t.jsonl"))]) == 2
+    assert "--trace replaces --scenario" in capsys.readouterr().err
 
 
 def test_native_load_replays_the_traces_own_timestamps_and_scaled_loads_compress_them(tmp_path):
