@@ -21,11 +21,18 @@ from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="latency-predictor simulate", description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", default="standard", help="scenario name (see --list)")
-    p.add_argument("--list", action="store_true", help="list scenarios and policies, then exit")
+    p.add_argument("--scenario", default=None, help="scenario name (see --list; default standard)")
+    p.add_argument("--list", action="store_true", help="list scenarios, server presets and policies, then exit")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay your own trace instead of a scenario: Mooncake JSONL or Azure LLM inference CSV "
+                        "(detected; .gz ok); the scenario name is the file's stem")
+    p.add_argument("--servers", type=int, default=None,
+                   help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are given)")
+    p.add_argument("--preset", default=None, help="with --trace: server preset (see --list; default llama3-8b-a100)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
-                   help="comma-separated loads as fractions of the cluster's capacity")
+                   help="comma-separated loads as fractions of the cluster's capacity; with --trace, 'native' replays "
+                        "the trace at its own timestamps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1,
                    help="run seeds SEED..SEED+N-1 and report every metric as mean ± std (no plots)")
@@ -56,11 +63,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _loads(text: str) -> list[tuple[str, float]]:
-    out = []
+def _loads(text: str, native: bool = False) -> list[tuple[str, float | None]]:
+    """(label, load) pairs; ``native`` (allowed with ``native=True``) has load None until resolved."""
+    out: list[tuple[str, float | None]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
+            continue
+        if part == "native":
+            if not native:
+                raise ValueError("--load: 'native' needs --trace (a scenario has no pace of its own)")
+            out.append((part, None))
             continue
         try:
             x = float(part)
@@ -74,19 +87,42 @@ def _loads(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def _scenario(args):
+    """The named scenario, or with ``--trace`` the user's trace (read now: a malformed file fails here)."""
+    if args.trace is None:
+        if args.servers is not None or args.preset is not None:
+            raise ValueError("--servers and --preset go with --trace (a scenario brings its own pool)")
+        return get_scenario(args.scenario or "standard")
+    if args.scenario is not None:
+        raise ValueError("--trace replaces --scenario: give one of them")
+    from load.sim.trace import DEFAULT_PRESET, DEFAULT_SERVERS, trace_scenario
+
+    servers = args.servers
+    if servers is None:
+        pd = (args.prefill_servers, args.decode_servers)
+        servers = pd[0] + pd[1] if None not in pd else DEFAULT_SERVERS
+    return trace_scenario(Path(args.trace), servers, args.preset or DEFAULT_PRESET)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
         print("scenarios:")
         for s in SCENARIOS.values():
             print(f"  {s.name:<20} {s.description}")
+        from load.sim.stepmodel import PRESETS
+
+        print("\nserver presets (--trace ... --preset NAME):")
+        for spec in PRESETS.values():
+            print(f"  {spec.name:<20} KV cache {spec.kv_capacity_tokens:,} tokens, {spec.max_num_batched_tokens} "
+                  "batched tokens per step")
         print("\npolicies:\n  " + ", ".join(bench.known_policies()))
         print("  <router>+<ordering>: flow control in front of a router, ordering one of fcfs, round-robin, las, "
               "turn-priority (e.g. token-load+turn-priority, predicted+las)")
         return 0
     try:
-        scenario = get_scenario(args.scenario)
-        loads = _loads(args.load)
+        scenario = _scenario(args)
+        loads = _loads(args.load, native=args.trace is not None)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
@@ -127,8 +163,22 @@ def main(argv: list[str] | None = None) -> int:
                             record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
                             flow_detector=detector,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
+    native_note = None
+    if any(x is None for _, x in loads):
+        from load.sim.trace import native_load
+
+        try:
+            arrivals, capacity = bench.prepare(scenario, opts)
+            share = native_load(arrivals, capacity)
+        except ValueError as e:
+            print(f"simulate: {e}", file=sys.stderr)
+            return 2
+        loads = [(label, share if x is None else x) for label, x in loads]
+        native_note = (f"load native = the trace's own pace, {share * capacity:.3f} requests/s = "
+                       f"{100 * share:.1f}% of capacity ({capacity:.3f} requests/s)")
+        print(native_note)
     if args.seeds > 1:
-        return _main_seeds(args, scenario, loads, policies, opts)
+        return _main_seeds(args, scenario, loads, policies, opts, native_note)
     arrivals, capacity = bench.prepare(scenario, opts)
     bar = bench.ProgressBar(len(loads) * len(policies), enabled=not args.quiet)
     results: dict = {}
@@ -157,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
            + (f" + {c.ttft_slowdown:g} x idle prefill time" if c.ttft_slowdown else "")
            + f", TPOT <= {c.tpot_ms:g} ms, priority {c.priority}" for c in scenario.slo_classes]
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
-            "slo": slo, "policy_notes": notes,
+            "slo": slo, "policy_notes": notes, "load_share": dict(loads),
+            **({"native_load": native_note} if native_note else {}),
             "wall_s": {f"{l}|{p}": w for (l, p), (w, _) in wall.items()},
             "cpu_s": {f"{l}|{p}": c for (l, p), (_, c) in wall.items()}}
     summary = {l: {p: {k: v for k, v in m.items()} for p, m in per.items()} for l, per in results.items()}
     if args.out:
         out = Path(args.out)
         write_results(out, scenario.name, args.seed, summary, meta)
-        plots = [] if args.no_plots else write_plots(out, results, raw)
+        plots = [] if args.no_plots else write_plots(out, results, raw, dict(loads))
         report = write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
         if scenario.programs is not None:
             from load.sim.agentic import table as ptable
@@ -185,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _main_seeds(args, scenario, loads, policies, opts) -> int:
+def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
     from load.sim import seeds
 
     bar = bench.ProgressBar(args.seeds * len(loads) * len(policies), enabled=not args.quiet)
@@ -197,10 +248,10 @@ def _main_seeds(args, scenario, loads, policies, opts) -> int:
             opts.record_trace.close()
     agg = seeds.aggregate(per_seed)
     if args.out:
-        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg)
+        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg, native_note)
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
     else:
-        print(seeds.report(scenario.name, args.seed, args.seeds, agg))
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note))
     return 0
 
 

@@ -22,11 +22,12 @@ class TablePredictor:
     """TTFT = base[pod_type] + 100 ms per waiting request; TPOT = tpot ms."""
 
     def __init__(self, decode_ttft: float, prefill_ttft: float, tpot: float = 20.0) -> None:
-        self.base = {"decode": decode_ttft, "prefill": prefill_ttft}
+        # a prefill-decode endpoint's rows carry no pod_type: it predicts like a prefill one here
+        self.base = {"decode": decode_ttft, "prefill": prefill_ttft, "": prefill_ttft}
         self.tpot = tpot
 
     def predict_bulk(self, rows):
-        return BulkPrediction([self.base[r["pod_type"]] + 100.0 * r["num_request_waiting"] for r in rows],
+        return BulkPrediction([self.base[r.get("pod_type", "")] + 100.0 * r["num_request_waiting"] for r in rows],
                               [self.tpot] * len(rows), "table")
 
 
@@ -41,11 +42,11 @@ def config(**params) -> dict:
             {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "queue-scorer"}]}]}
 
 
-def pool(decode_running=0, prefill_waiting=0, cached_blocks=0):
+def pool(decode_running=0, prefill_waiting=0, cached_blocks=0, prefill_role="prefill"):
     return [Endpoint(name="d0", address="10.0.0.1", port=8000, labels={ROLE: "decode"},
                      metrics=EndpointMetrics(running_requests_size=decode_running),
                      prefix_match=PrefixMatch(cached_blocks, 200, 16)),
-            Endpoint(name="p0", address="10.0.0.2", port=8000, labels={ROLE: "prefill"},
+            Endpoint(name="p0", address="10.0.0.2", port=8000, labels={ROLE: prefill_role},
                      metrics=EndpointMetrics(waiting_queue_size=prefill_waiting), prefix_match=PrefixMatch(0, 200, 16))]
 
 
@@ -75,21 +76,40 @@ def test_transfer_time_formula():
 
 
 def test_ttft_rule_boundary():
-    transfer = kv_transfer_ms(3000, 131072, 25.0)
-    # remote = 500 + transfer; local 500 + transfer + 1 -> yes; local exactly equal -> no
-    s, res = run(TablePredictor(decode_ttft=500 + transfer + 1, prefill_ttft=500))
+    # a prefill-only endpoint's predicted TTFT is the path's TTFT: remote 500 vs local 501 -> yes
+    s, res = run(TablePredictor(decode_ttft=501, prefill_ttft=500))
     assert res.decision == "prefill-decode" and s.profile_handler.prefill_decider.reasons["ttft"] == 1
-    s, res = run(TablePredictor(decode_ttft=500 + transfer, prefill_ttft=500))
+    s, res = run(TablePredictor(decode_ttft=500, prefill_ttft=500))
     assert res.decision == "decode-only"
 
 
-def test_ttft_rule_counts_only_uncached_tokens_in_the_transfer():
-    # 3000 tokens, 150 of 200 blocks (2400 tokens) cached on decode: transfer 600 tokens = 3.1 ms
+def test_prefill_only_endpoint_ttft_already_contains_the_transfer():
+    # A disaggregated request's TTFT sample is its prefill endpoint's row and measures
+    # prefill + KV transfer + first decode step, so a prefill endpoint's predicted TTFT
+    # includes the transfer: remote 500 beats local 500 + transfer / 2 (adding the 15.7 ms
+    # transfer again would keep the prefill local).
+    transfer = kv_transfer_ms(3000, 131072, 25.0)
+    s, res = run(TablePredictor(decode_ttft=500 + transfer / 2, prefill_ttft=500))
+    assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
+    assert s.profile_handler.prefill_decider.remote_ttft_ms(res.picks["prefill"], 3000) == pytest.approx(500)
+
+
+def test_a_decode_capable_remote_pays_the_transfer_of_the_uncached_tokens():
+    # p0 also decodes (prefill-decode): its TTFT samples are local prefills, so the path
+    # through it adds the transfer of what d0 lacks. One waiting request on p0 (TTFT +100)
+    # makes the decode profile pick d0.
+    transfer = kv_transfer_ms(3000, 131072, 25.0)
+    _POOL.update(prefill_role="prefill-decode", prefill_waiting=1)
+    s, res = run(TablePredictor(decode_ttft=600 + transfer + 1, prefill_ttft=500))
+    assert res.picks["decode"].name == "d0" and res.decision == "prefill-decode"
+    s, res = run(TablePredictor(decode_ttft=600 + transfer, prefill_ttft=500))
+    assert res.decision == "decode-only"
+    # 150 of 200 blocks (2400 tokens) cached on d0: only 600 tokens (3.1 ms) travel
     _POOL.update(cached_blocks=150)
-    s, res = run(TablePredictor(decode_ttft=505, prefill_ttft=500))
+    s, res = run(TablePredictor(decode_ttft=605, prefill_ttft=500))
     assert res.decision == "prefill-decode"
     _POOL.update(cached_blocks=0)  # all 3000 to move: 15.7 ms > 5 ms gain
-    s, res = run(TablePredictor(decode_ttft=505, prefill_ttft=500))
+    s, res = run(TablePredictor(decode_ttft=605, prefill_ttft=500))
     assert res.decision == "decode-only"
 
 
@@ -100,7 +120,7 @@ def test_a_loaded_prefill_pool_keeps_prefill_local():
 
 
 def test_tpot_rule_protects_running_decodes():
-    # local TTFT 600 < remote 700 + transfer, but 600 ms of prefill over a 64-token window
+    # local TTFT 600 < remote 700, but 600 ms of prefill over a 64-token window
     # adds 9.4 ms to TPOT 20 -> 29.4 > SLO 25 while d0 has running requests: disaggregate
     hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "2000"}
     _POOL.update(decode_running=4)

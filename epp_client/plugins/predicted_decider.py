@@ -5,8 +5,14 @@ With ``d`` the decode pick and ``U`` the prompt tokens not cached on ``d`` (the 
 decode side must receive), and ``transfer_ms(U) = transfer_latency_ms +
 U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
 
-1. **TTFT rule**: yes when ``min over prefill-capable candidates p != d`` of
-   ``ttft(p) + transfer_ms(U)`` is below ``ttft(d)`` (prefilling locally on ``d``).
+1. **TTFT rule**: yes when ``min over prefill-capable candidates p != d`` of the
+   predicted TTFT through ``p`` is below ``ttft(d)`` (prefilling locally on ``d``). TTFT
+   is the client's (first token on the wire) and a disaggregated request's TTFT sample is
+   its prefill endpoint's row, so for an endpoint that cannot decode (role ``prefill`` or
+   ``encode-prefill``: every TTFT it was trained on is prefill + KV transfer + first decode
+   step) ``ttft(p)`` already contains the transfer and is taken as is; for an endpoint
+   that also decodes (``prefill-decode``, ``both``), whose samples are mostly local
+   prefills, the path through it costs ``ttft(p) + transfer_ms(U)``.
 2. **TPOT rule**: yes when ``d`` has running requests (the larger of its reported running
    requests and this router's in-flight count there) and a local prefill would push them
    past their TPOT budget: ``tpot(d) + ttft(d) / tpot_window_tokens`` exceeds the budget,
@@ -29,9 +35,10 @@ from __future__ import annotations
 from ..params import Param, ge, gt
 from ..types import Endpoint, InferenceRequest
 from .deciders import _Decider
-from .roles import PrefillFilter
+from .roles import DecodeFilter, PrefillFilter
 
 _PREFILL = PrefillFilter()
+_DECODE = DecodeFilter()
 
 
 def kv_transfer_ms(tokens: int, kv_bytes_per_token: float, bandwidth_gbps: float, latency_ms: float = 0.0) -> float:
@@ -65,19 +72,26 @@ class PredictedPDDecider(_Decider):
     def transfer_ms(self, tokens: int) -> float:
         return kv_transfer_ms(tokens, self.kv_bytes_per_token, self.transfer_bandwidth_gbps, self.transfer_latency_ms)
 
+    def remote_ttft_ms(self, candidate: Endpoint, uncached_tokens: int) -> float:
+        """Predicted TTFT of prefilling on ``candidate`` and decoding elsewhere. A prefill-only
+        endpoint's TTFT is learned from disaggregated requests' TTFTs, which include the KV
+        transfer and the first decode step: adding the transfer again would count it twice."""
+        ttft = candidate.prediction.ttft_ms
+        return ttft if not _DECODE.accepts(candidate) else ttft + self.transfer_ms(uncached_tokens)
+
     def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
         if endpoint is None or endpoint.prediction is None:
             return False
         prompt = max(0, int(request.input_tokens))
         if prompt < self.min_prompt_tokens or prompt == 0:
             return False
-        remote = [c.prediction.ttft_ms for c in candidates
+        pm = endpoint.prefix_match
+        uncached = prompt - (pm.match_blocks * pm.block_size_tokens if pm is not None else 0)
+        remote = [self.remote_ttft_ms(c, uncached) for c in candidates
                   if c.name != endpoint.name and c.prediction is not None and _PREFILL.accepts(c)]
         if not remote:
             return False
-        pm = endpoint.prefix_match
-        uncached = prompt - (pm.match_blocks * pm.block_size_tokens if pm is not None else 0)
-        remote_ttft = min(remote) + self.transfer_ms(uncached)
+        remote_ttft = min(remote)
         pred = endpoint.prediction
         local_ttft = pred.ttft_ms
         if remote_ttft < local_ttft:

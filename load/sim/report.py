@@ -115,9 +115,12 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
              "to the last completion; prefix hit = cached share of prompt tokens at admission; imbalance = max/mean "
              "over servers of tokens computed (uncached prompt + output); each latency column states its unit "
              "(TTFT and E2E in seconds, TPOT in milliseconds).",
+             *([f"- {meta['native_load']}."] if meta.get("native_load") else []),
              ""]
     for load, per_policy in results.items():
-        lines += [f"## Load {load} ({float(load) * 100:g}% of capacity)", "", table(per_policy), ""]
+        share = meta.get("load_share", {}).get(load, None)
+        share = float(load) if share is None else share
+        lines += [f"## Load {load} ({share * 100:.3g}% of capacity)", "", table(per_policy), ""]
     if meta.get("policy_notes"):
         lines += ["## Policies", ""] + [f"- `{k}`: {v}" for k, v in meta["policy_notes"].items()] + [""]
     if meta.get("wall_s"):
@@ -133,10 +136,10 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
     return p
 
 
-def write_plots(out: Path, results: Mapping, raw: Mapping) -> list[str]:
+def write_plots(out: Path, results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[str]:
     """Latency vs load, SLO attainment/goodput vs load, TTFT/TPOT CDFs per load (PNG files)."""
     files = []
-    for name, fig in figures(results, raw):
+    for name, fig in figures(results, raw, shares):
         fig.savefig(out / name, dpi=90)
         files.append(name)
     return files
@@ -168,15 +171,16 @@ def legend_outside(fig, *axes) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
 
 
-def figures(results: Mapping, raw: Mapping) -> list[tuple[str, "Figure"]]:
+def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, "Figure"]]:
     """The report's figures (file name, matplotlib Figure), built without pyplot's global
-    state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables."""
+    state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables. ``shares`` maps
+    a load label that is not a number (``native``) to its fraction of capacity."""
     from matplotlib.figure import Figure
 
     out = []
     loads = list(results)
     policies = list(dict.fromkeys(p for per in results.values() for p in per))
-    x = [float(l) for l in loads]
+    x = [(shares or {}).get(l) or float(l) for l in loads]
     scale = {"ttft": 1000.0, "tpot": 1.0, "e2e": 1000.0}
     unit = {"ttft": "s", "tpot": "ms", "e2e": "s"}
 

@@ -70,17 +70,18 @@ def table(per_policy: dict) -> str:
     return "\n".join(rows)
 
 
-def report(scenario_name: str, first_seed: int, n_seeds: int, agg: dict) -> str:
+def report(scenario_name: str, first_seed: int, n_seeds: int, agg: dict, note: str | None = None) -> str:
     seeds = f"seeds {first_seed}..{first_seed + n_seeds - 1}"
-    parts = [f"# `{scenario_name}`: mean ± std over {seeds}"]
+    parts = [f"# `{scenario_name}`: mean ± std over {seeds}"] + ([f"\n{note}"] if note else [])
     for label, per in agg.items():
         parts.append(f"\nload {label}\n" + table(per))
     return "\n".join(parts) + "\n"
 
 
-def write(out: Path, scenario_name: str, first_seed: int, n_seeds: int, per_seed: dict, agg: dict) -> None:
+def write(out: Path, scenario_name: str, first_seed: int, n_seeds: int, per_seed: dict, agg: dict,
+          note: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"scenario": scenario_name, "seeds": list(range(first_seed, first_seed + n_seeds)),
-           "aggregate": agg, "per_seed": per_seed}
+           "aggregate": agg, "per_seed": per_seed, **({"native_load": note} if note else {})}
     (out / "results.json").write_text(json.dumps(_clean(doc), indent=1))
-    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg))
+    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg, note))

@@ -7,12 +7,14 @@ priority classes are drawn per request from configuration by ``make_requests``.
 """
 from __future__ import annotations
 
+import calendar
 import csv
 import json
 import math
 import random
+import re
+import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -88,40 +90,100 @@ def _chunk(keys_for_blocks: Sequence[int], input_len: int) -> tuple:
 
 
 # -- trace replay ---------------------------------------------------------------------------
+class TraceError(ValueError):
+    """A trace file that cannot be read: the message names the file and the line."""
+
+
+def _int_field(o: dict, key: str, where: str, lo: int = 0) -> int:
+    if key not in o:
+        raise TraceError(f"{where}: missing field {key!r}")
+    v = o[key]
+    try:
+        n = int(float(v)) if not isinstance(v, bool) and float(v) == int(float(v)) else None
+    except (TypeError, ValueError, OverflowError):
+        n = None
+    if n is None or n < lo:
+        raise TraceError(f"{where}: {key} must be an integer >= {lo}, got {v!r}")
+    return n
+
+
 def load_mooncake(name: str = "conversation", limit: int | None = None, path: Path | None = None,
                   dequantize_s: float | None = None, seed: int = 0) -> list[Arrival]:
-    """Mooncake FAST'25 trace; hash ids are 512-token prefix blocks shared across requests.
+    """Mooncake FAST'25 JSONL trace (``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids`` of 512-token prefix blocks shared across requests); ``path`` reads any file
+    in that format (plain or .gz; a missing ``hash_ids`` means no shared prefix). A row whose
+    ``hash_ids`` do not cover its prompt, or with an empty prompt, is skipped, as in the
+    published traces; a malformed row is a ``TraceError`` naming the file and line.
 
     The conversation trace's arrivals are quantised to ~3 s (about ten requests share a
-    timestamp); ``dequantize_s`` (default 3 s for it, 0 for the others) spreads each
-    request uniformly (seeded) over the quantisation step so that bursts are not an
-    artefact of the rounding. Request order within the trace is kept.
+    timestamp); ``dequantize_s`` (default 3 s for it, 0 for the others and for ``path``)
+    spreads each request uniformly (seeded) over the quantisation step so that bursts are not
+    an artefact of the rounding. Request order within the trace is kept.
     """
     if dequantize_s is None:
-        dequantize_s = 3.0 if name == "conversation" else 0.0
+        dequantize_s = 3.0 if name == "conversation" and path is None else 0.0
     rng = random.Random(seed ^ 0x3A11)
     p = path or data_dir() / "mooncake-fast25" / f"{name}_trace.jsonl.gz"
+    keys = _Keys()
     out = []
-    with open_data(p) as f:
-        for line in f:
+    with open_trace(p) as f:
+        for lineno, line in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
                 break
-            o = json.loads(line)
-            n_in = int(o["input_length"])
-            ids = o["hash_ids"]
+            if not line.strip():
+                continue
+            where = f"{p}: line {lineno}"
+            try:
+                o = json.loads(line)
+            except ValueError as e:
+                raise TraceError(f"{where}: not a JSON object ({e})") from None
+            if not isinstance(o, dict):
+                raise TraceError(f"{where}: not a JSON object")
+            ts = o.get("timestamp")
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+                raise TraceError(f"{where}: timestamp must be a number of milliseconds, got {ts!r}")
+            n_in = _int_field(o, "input_length", where)
+            n_out = _int_field(o, "output_length", where)
+            ids = o.get("hash_ids")
+            if ids is None:
+                ids = [keys.unique() for _ in range(math.ceil(n_in / SEG))]
+            elif not isinstance(ids, list) or not all(isinstance(k, int) and k >= 0 for k in ids):
+                raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
             if n_in < 1 or len(ids) != math.ceil(n_in / SEG):
                 continue
-            t = float(o["timestamp"]) / 1000.0 + (rng.random() * dequantize_s if dequantize_s > 0 else 0.0)
-            out.append(Arrival(t, n_in, max(1, int(o["output_length"])), _chunk(ids, n_in)))
+            t = float(ts) / 1000.0 + (rng.random() * dequantize_s if dequantize_s > 0 else 0.0)
+            out.append(Arrival(t, n_in, max(1, n_out), _chunk(ids, n_in)))
     out.sort(key=lambda a: a.time_s)
     return out
 
 
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_AZURE_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
+
+
+def _azure_time(ts: str) -> float | None:
+    """Seconds since the epoch of ``2023-11-16 18:15:46.6805900`` (optional ``T``, zone)."""
+    m = _AZURE_TIME.fullmatch(ts.strip())
+    if m is None:
+        return None
+    try:
+        t = calendar.timegm(time.strptime(m.group(1).replace("T", " "), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+    zone = m.group(3)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        t -= sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+    return t + float("0" + (m.group(2) or ""))
+
+
 def load_azure(name: str = "code", limit: int | None = None, path: Path | None = None, seed: int = 0,
                n_system_prompts: int = 16, system_prompt_share: float = 0.8) -> list[Arrival]:
-    """Azure LLM inference trace (Splitwise). It has no prefix information: a SYNTHETIC
-    shared system prompt (one of ``n_system_prompts``, Zipf popularity, 512-2048 tokens,
-    never more than the prompt) is assigned to ``system_prompt_share`` of the requests."""
+    """Azure LLM inference trace (Splitwise) CSV: ``TIMESTAMP``, ``ContextTokens``,
+    ``GeneratedTokens``; ``path`` reads any file in that format (plain or .gz; a malformed
+    row is a ``TraceError`` naming the file and line). It has no prefix information: a
+    SYNTHETIC shared system prompt (one of ``n_system_prompts``, Zipf popularity, 512-2048
+    tokens, never more than the prompt) is assigned to ``system_prompt_share`` of the requests."""
     p = path or data_dir() / "azure-llm-inference-2023" / f"AzureLLMInferenceTrace_{name}.csv.gz"
     rng = random.Random(seed)
     sys_lens = [SEG * rng.randint(1, 4) for _ in range(n_system_prompts)]
@@ -129,16 +191,22 @@ def load_azure(name: str = "code", limit: int | None = None, path: Path | None =
     keys = _Keys()
     out = []
     t0 = None
-    with open_data(p) as f:
-        for row in csv.DictReader(f):
+    with open_trace(p) as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{p}: line 1: missing column(s) {', '.join(missing)} (an Azure trace's header names "
+                             f"{', '.join(AZURE_COLUMNS)})")
+        for row in reader:
             if limit is not None and len(out) >= limit:
                 break
-            ts = row["TIMESTAMP"]
-            base, _, frac = ts.partition(".")
-            t = datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp() + float("0." + (frac or "0"))
+            where = f"{p}: line {reader.line_num}"
+            t = _azure_time(row["TIMESTAMP"] or "")
+            if t is None:
+                raise TraceError(f"{where}: TIMESTAMP must look like 2023-11-16 18:15:46.680, got {row['TIMESTAMP']!r}")
             t0 = t if t0 is None else t0
-            n_in = max(1, int(row["ContextTokens"]))
-            n_out = max(1, int(row["GeneratedTokens"]))
+            n_in = max(1, _int_field(row, "ContextTokens", where))
+            n_out = max(1, _int_field(row, "GeneratedTokens", where))
             blocks = []
             if rng.random() < system_prompt_share:
                 k = rng.choices(range(n_system_prompts), weights)[0]
@@ -149,6 +217,13 @@ def load_azure(name: str = "code", limit: int | None = None, path: Path | None =
             out.append(Arrival(t - t0, n_in, n_out, _chunk(blocks, n_in)))
     out.sort(key=lambda a: a.time_s)
     return out
+
+
+def open_trace(p: Path):
+    try:
+        return open_data(p)
+    except OSError as e:
+        raise TraceError(f"{p}: cannot read ({e.strerror or e})") from None
 
 
 # -- synthetic ------------------------------------------------------------------------------
@@ -251,15 +326,20 @@ def capacity_rps(arrivals: Sequence[Arrival], servers: Sequence[ServerSpec], pre
     return sum(s.speed for s in servers) * 1000.0 / mean_work
 
 
+def native_rate(arrivals: Sequence[Arrival]) -> float:
+    """Mean arrival rate (requests/s) of a workload at its own timestamps (0 if they coincide)."""
+    span = arrivals[-1].time_s - arrivals[0].time_s if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else 0.0
+
+
 def scale_to_rate(arrivals: Sequence[Arrival], target_rps: float) -> list[Arrival]:
     """Compress or stretch time so the mean arrival rate is ``target_rps`` (order kept)."""
     if not arrivals:
         return []
     t0 = arrivals[0].time_s
-    span = arrivals[-1].time_s - t0
-    if span <= 0:
+    native = native_rate(arrivals)
+    if native <= 0:
         return list(arrivals)
-    native = (len(arrivals) - 1) / span
     f = native / target_rps
     return [a._replace(time_s=(a.time_s - t0) * f) for a in arrivals]
 
