@@ -15,7 +15,7 @@ import numpy as np
 from features.bundle import BundleError, validate_manifest
 from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
 from features.schema import RAW_COLUMNS
-from features.prior import DEFAULT_PRIOR, LinearPrior
+from features.prior import DEFAULT_PRIOR, LinearBase, LinearPrior, growth_beyond, validate_base
 
 # z for a two-sided 90% band around the prediction when reporting bounds
 _Z = 1.645
@@ -139,6 +139,8 @@ class LoadedBundle:
     _calibration: dict = field(default_factory=dict, repr=False)
     _uncertainty: dict = field(default_factory=dict, repr=False)
     _names: dict = field(default_factory=dict, repr=False)
+    #: per target with a base: (upper, coefficients), aligned to the model's columns
+    _base: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
@@ -165,10 +167,15 @@ class LoadedBundle:
         metrics = m.get("metrics") or {}
         uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
         names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
+        base = LinearBase(validate_base(m.get("base") or {}))
+        try:
+            base_w = {t: base.growth(t, names.get(t)) for t in base.params}
+        except ValueError as e:
+            raise BundleError(f"manifest.base.{e}") from None
         bundle = cls(version=m["version"], source="learned" if predictors else "prior",
                      model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
                      manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
-                     _calibration=calibration, _uncertainty=uncertainty, _names=names)
+                     _calibration=calibration, _uncertainty=uncertainty, _names=names, _base=base_w)
         # smoke test: a bundle that cannot answer one row is not swapped in
         probe = np.zeros((1, len(RAW_COLUMNS)))
         for t, y in zip(TARGETS, bundle.predict(probe)):
@@ -188,7 +195,11 @@ class LoadedBundle:
                 y = self._prior.predict(raw, target)
             else:
                 x = model_matrix(raw, target, self._names.get(target))
-                y = self._calibration[target].apply(predictor(x), raw)
+                y = predictor(x)
+                base = self._base.get(target)
+                if base is not None:  # past the largest work seen in training, the base keeps growing
+                    y = y + growth_beyond(x, *base)
+                y = self._calibration[target].apply(y, raw)
             out.append(np.maximum(y, 0.0))
         return out[0], out[1]
 

@@ -36,10 +36,10 @@ import numpy as np
 from features.bundle import make_version
 from features.matrix import FEATURE_SETS, REGIME_NAMES, TARGETS, model_matrix, monotone_constraints, regimes, \
     schema_description
-from features.prior import DEFAULT_PRIOR, PRIOR_FEATURES
+from features.prior import DEFAULT_PRIOR, PRIOR_FEATURES, LinearBase, fit_linear_quantile, growth_beyond, upper_values
 from features.schema import SCHEMA_VERSION
 
-from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
+from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_scale_spec, conformal_spec  # noqa: F401
 
 RECIPES = ("default", "upstream")
 FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-text")}
@@ -87,6 +87,16 @@ class TrainConfig:
     #: random-split protocol: on sharegpt-h200 TTFT pinball rises ~35% (the KV constraint
     #: forbids memorising stall bursts by their exact KV value); neutral on simulator traces.
     monotone: bool = True
+    #: default recipe: past the largest queued work seen in training, predictions keep growing
+    #: at the slopes of the fitted prior (a non-negative linear quantile model, features.prior)
+    #: instead of flattening at the trees' last split
+    base: bool = True
+    #: rows (newest first) the base's linear program is fitted on
+    base_rows: int = 4000
+    #: conformal calibration: "scale" (multiplicative, grows with the level) or "offset" (ms)
+    calibration_kind: str = "scale"
+    #: which rows calibrate: "newest" (held out in time order) or "random"
+    calibration_rows: str = "newest"
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
@@ -99,6 +109,8 @@ class TrainConfig:
             raise ValueError(f"recipe must be one of {RECIPES}")
         if not 0 < self.calibration_share < 0.9:
             raise ValueError("calibration_share must be in (0, 0.9)")
+        if self.calibration_kind not in ("scale", "offset"):
+            raise ValueError("calibration_kind must be 'scale' or 'offset'")
         if self.nthread < 1 or self.min_rows < 2:
             raise ValueError("nthread must be >= 1 and min_rows >= 2")
 
@@ -116,6 +128,7 @@ class TrainResult:
     calibration: dict[str, dict]             # target -> {"offset_ms", "scale", ["by_regime"]}
     n_train: dict[str, int]
     train_seconds: float
+    base: dict[str, dict] = field(default_factory=dict)  # target -> {"intercept", "coef", "link"}
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     @property
@@ -264,28 +277,37 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
     return text, lambda m: np.asarray(booster.predict(m, num_threads=cfg.nthread), dtype=np.float64).reshape(-1)
 
 
-def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 20_000,
-              seed: int = 0) -> dict:
-    """Non-negative least squares on PRIOR_FEATURES, intercept shifted to the quantile of residuals."""
-    from scipy.optimize import nnls
-
+def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 4000,
+              weights: np.ndarray | None = None) -> dict:
+    """The linear base of queued work (``features.prior``): a quantile linear model on
+    PRIOR_FEATURES with non-negative coefficients, fitted on the newest ``max_rows`` rows (the
+    caller's order is time order); it is the bundle's prior and the learned model's base."""
     names = PRIOR_FEATURES[target]
     if len(y) > max_rows:
-        idx = np.random.default_rng(seed).choice(len(y), max_rows, replace=False)
-        raw, y = raw[idx], y[idx]
-    x = model_matrix(raw, target, names)
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
-    a = np.hstack([x / scale, np.ones((len(y), 1))])
-    sol, _ = nnls(a, y, maxiter=50 * a.shape[1])
-    coef = sol[:-1] / scale
-    intercept = float(sol[-1])
-    pred = x @ coef + intercept
-    intercept += float(np.quantile(y - pred, quantile))
+        raw, y = raw[-max_rows:], y[-max_rows:]
+        weights = None if weights is None else weights[-max_rows:]
+    intercept, coef = fit_linear_quantile(model_matrix(raw, target, names), y, quantile, weights)
     return {"intercept": intercept, "coef": {n: float(c) for n, c in zip(names, coef)}}
 
 
-def _deterministic_split(n: int, share: float, seed: int) -> np.ndarray:
-    """Boolean mask of calibration rows (``share`` of n), reproducible from ``seed``."""
+def _time_order(n: int, ts: np.ndarray | None) -> np.ndarray:
+    """Row indices oldest first: by timestamp, ties (and rows without one) in the given order."""
+    if ts is None:
+        return np.arange(n)
+    return np.argsort(np.asarray(ts, dtype=np.float64), kind="stable")
+
+
+def _newest_split(n: int, share: float, ts: np.ndarray | None) -> np.ndarray:
+    """Boolean mask of the newest ``share`` of n rows (the conformal calibration rows: held out
+    in time order, so the offset measures how the model does on what comes next)."""
+    mask = np.zeros(n, dtype=bool)
+    k = int(round(n * share))
+    if k:
+        mask[_time_order(n, ts)[n - k:]] = True
+    return mask
+
+
+def _random_split(n: int, share: float, seed: int) -> np.ndarray:
     mask = np.zeros(n, dtype=bool)
     k = int(round(n * share))
     if k:
@@ -302,8 +324,9 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
                  stop: Callable[[], bool] | None = None) -> TrainResult:
     """Train one model per target with enough rows; see the module docstring.
 
-    ``ts`` (epoch s) is accepted for recency-aware callers; rows are used as given (the
-    caller's sampling decides recency). ``weights`` are per-row sample weights. ``stop`` is
+    ``ts`` (epoch s) orders the rows in time (ties and missing timestamps: the given order, which
+    is arrival order for the store and the traces): the base is fitted on the newest rows and
+    the conformal calibration rows are the newest ones. ``weights`` are per-row sample weights. ``stop`` is
     polled after every boosting round; when it returns True, TrainingStopped is raised
     (a server shutting down never waits for a whole training run).
     """
@@ -324,7 +347,12 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     prior: dict[str, dict] = {}
     n_train: dict[str, int] = {}
     names_used: dict[str, tuple[str, ...]] = {}
-    for ti, target in enumerate(TARGETS):
+    bases: dict[str, dict] = {}
+    order = _time_order(raw.shape[0], ts)
+    raw = raw[order]
+    targets_y = {t: y[order] for t, y in targets_y.items()}
+    w_all = None if w_all is None else w_all[order]
+    for target in TARGETS:
         y_all = targets_y[target]
         m = y_all > 0
         n = int(m.sum())
@@ -337,22 +365,34 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
         r, y = raw[m], y_all[m]
         w = None if w_all is None else w_all[m]
         prior[target] = fit_prior(r, y, target, config.quantile if config.objective == "quantile" else 0.5,
-                                  seed=config.seed)
+                                  max_rows=config.base_rows, weights=w)
         x = model_matrix(r, target, names)
+        base = None
+        if config.base and config.recipe == "default":  # the prior is the base: its slopes past the range seen
+            base = prior[target]
+            bases[target] = {**base, "link": "beyond", "upper": upper_values(x, names, base["coef"])}
         do_cal = (config.calibrate and config.recipe == "default" and config.objective == "quantile"
                   and n * config.calibration_share >= 20)
         if do_cal:
-            cal = _deterministic_split(n, config.calibration_share, config.seed + 7919 * ti)
-            fitted, predict = _fit(config, x[~cal], y[~cal], None if w is None else w[~cal], names, target, stop)
-            resid = y[cal] - predict(x[cal])
-            calibration[target] = conformal_spec(target, resid, regimes(r[cal]), config.quantile,
-                                                 weights=None if w is None else w[cal])
+            cal = (_newest_split(n, config.calibration_share, None) if config.calibration_rows == "newest"
+                   else _random_split(n, config.calibration_share, config.seed + 7919 * TARGETS.index(target)))
+            fitted, predict = _fit(config, x[~cal], y[~cal], None if w is None else w[~cal], names, target,
+                                   stop)
+            pred = predict(x[cal])
+            if base is not None:  # past the range of the rows the model was fitted on, the base grows
+                fit_base = LinearBase({target: {**base, "upper": upper_values(x[~cal], names, base["coef"])}})
+                pred = pred + growth_beyond(x[cal], *fit_base.growth(target, names))
+            wc, rc = None if w is None else w[cal], regimes(r[cal])
+            calibration[target] = (conformal_scale_spec(target, y[cal], pred, rc, config.quantile, weights=wc)
+                                   if config.calibration_kind == "scale" else
+                                   conformal_spec(target, y[cal] - pred, rc, config.quantile, weights=wc))
         if do_cal and n >= config.refit_below:
             models[target] = fitted  # plenty of rows: the calibrated model itself, no second fit
         else:
             models[target], _ = _fit(config, x, y, w, names, target, stop)
     return TrainResult(config=config, models=models, feature_names=names_used, prior=prior,
-                       calibration=calibration, n_train=n_train, train_seconds=time.perf_counter() - t0)
+                       calibration=calibration, n_train=n_train, train_seconds=time.perf_counter() - t0,
+                       base=bases)
 
 
 # ---- bundles ----------------------------------------------------------------------------
@@ -382,6 +422,7 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
         "mode": result.mode,
         "models": models,
         "prior": result.prior,
+        **({"base": {t: b for t, b in result.base.items() if t in result.models}} if result.base else {}),
         "calibration": {t: c for t, c in result.calibration.items() if t in result.models},
         "training": {t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))}
                      for t in TARGETS},
