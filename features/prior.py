@@ -5,11 +5,13 @@ One concept serves two roles:
 * the **prior**, used before any learned model exists: the built-in ``DEFAULT_PRIOR`` answers
   from the very first request, and every bundle carries one fitted from its samples
   (manifest key ``prior``);
-* the **base** of a learned model (manifest key ``base``, per target, with ``link``
-  ``"beyond"`` and ``upper``: the largest value of each base feature seen in training): within
-  the range seen, the trees answer alone; beyond it, the prediction keeps growing at the base's
-  slopes: prediction = trees + sum_j coef_j * max(0, x_j - upper_j). Regression trees predict a
-  constant past their last split; queues do not stop costing time there.
+* the **base** of a learned model (manifest key ``base``, per target), by its ``link``:
+  ``"beyond"`` (with ``upper``: the largest value of each base feature seen in training): within
+  the range seen the trees answer alone; beyond it the prediction keeps growing at the base's
+  slopes: prediction = trees + sum_j coef_j * max(0, x_j - upper_j). ``"add"``: the trees
+  learned the residual over the whole base: prediction = trees + intercept + x . coef.
+  Regression trees predict a constant past their last split; queues do not stop costing time
+  there, and with either link neither does the prediction.
 
 Coefficients are in ms per unit of the named model feature (``features.matrix``) and are
 non-negative, so the base never decreases as work is added. Nothing here is pickled.
@@ -31,9 +33,17 @@ PRIOR_FEATURES: dict[str, tuple[str, ...]] = {
              "input_token_length", "prefill_tokens_in_flight"),
 }
 BASE_FEATURES = PRIOR_FEATURES
+#: Work that always costs time, per target: over the range seen in training, each of these adds
+#: at least MIN_SLOPE_SHARE of the median latency (a floor on the fitted slope), so past that
+#: range predictions keep rising with it even when the data seen was too flat to show a slope.
+FLOOR_FEATURES: dict[str, tuple[str, ...]] = {
+    "ttft": ("prefill_tokens_in_flight", "num_request_waiting"),
+    "tpot": ("num_request_running", "decode_tokens_in_flight"),
+}
+MIN_SLOPE_SHARE = 0.05
 #: How the trees' output combines with the base (``"beyond"``: trees + the base's growth past
 #: the largest values seen in training).
-LINKS = ("beyond",)
+LINKS = ("beyond", "add")
 
 #: Conservative analytic default (roughly a 7-8B model on one A100, p90-ish): prefill
 #: ~0.2 ms per uncached token, queued work ~0.1 ms per token, a queued request costs a
@@ -92,8 +102,9 @@ def validate_base(params: object) -> dict[str, dict]:
         link = p.get("link")
         if link not in LINKS:
             raise ValueError(f"base.{t}.link {link!r} not in {LINKS}")
-        upper = p.get("upper")
-        if not isinstance(upper, Mapping) or set(upper) != set(spec["coef"]):
+        upper = p.get("upper", {} if link == "add" else None)
+        if not isinstance(upper, Mapping) or (link == "beyond" and set(upper) != set(spec["coef"])) \
+                or not set(upper) <= set(spec["coef"]):
             raise ValueError(f"base.{t}.upper must give one value per coef feature")
         hi: dict[str, float] = {}
         for name, v in upper.items():
@@ -149,9 +160,21 @@ class LinearBase:
         return hi, w
 
 
+    def applier(self, target: str, names: Sequence[str] | None = None) -> tuple[str, float, np.ndarray, np.ndarray]:
+        """(link, intercept, upper, coefficients), aligned to ``names``, for :func:`base_level`."""
+        intercept, w = self.weights(target, names)
+        hi, _ = self.growth(target, names)
+        return self.params[target].get("link", "add"), intercept, hi, w
+
+
 def growth_beyond(x: np.ndarray, upper: np.ndarray, w: np.ndarray) -> np.ndarray:
     """sum_j w_j * max(0, x_j - upper_j) per row: what the base adds past the range seen."""
     return np.maximum(x - upper, 0.0) @ w
+
+
+def base_level(x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What a base adds to the trees' output on model matrix ``x`` (see the module docstring)."""
+    return growth_beyond(x, upper, w) if link == "beyond" else x @ w + intercept
 
 
 def upper_values(x: np.ndarray, names: Sequence[str], coef: Mapping[str, float]) -> dict[str, float]:
@@ -175,9 +198,11 @@ class LinearPrior(LinearBase):
 
 
 def fit_linear_quantile(x: np.ndarray, y: np.ndarray, quantile: float, weights: np.ndarray | None = None,
-                        non_negative: bool = True) -> tuple[float, np.ndarray]:
+                        non_negative: bool = True, min_rise: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """Linear quantile regression (pinball loss at ``quantile``, exact, by linear programming
-    with HiGHS): returns (intercept, coefficients), both >= 0 when ``non_negative``."""
+    with HiGHS): returns (intercept, coefficients), both >= 0 when ``non_negative``. ``min_rise``
+    (per column, ms): column j's coefficient is at least min_rise[j] / max |x_j| (it adds at
+    least that much over the range seen; columns that never vary get no floor)."""
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix, hstack, identity
 
@@ -192,7 +217,8 @@ def fit_linear_quantile(x: np.ndarray, y: np.ndarray, quantile: float, weights: 
                 -identity(n, format="csr")], format="csr")
     cost = np.r_[np.zeros(p + 1), quantile * w, (1.0 - quantile) * w]
     lo = 0.0 if non_negative else None
-    bounds = [(lo, None)] * (p + 1) + [(0.0, None)] * (2 * n)
+    floor = np.zeros(p) if min_rise is None else np.where(scale > 1e-12, np.asarray(min_rise, dtype=np.float64), 0.0)
+    bounds = [(max(lo, f / ys) if f > 0 else lo, None) for f in floor] + [(lo, None)] + [(0.0, None)] * (2 * n)
     res = linprog(cost, A_eq=a, b_eq=y / ys, bounds=bounds, method="highs")
     if res.status != 0 or res.x is None:
         raise ValueError(f"linear quantile fit failed: {res.message}")

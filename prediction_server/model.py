@@ -15,7 +15,7 @@ import numpy as np
 from features.bundle import BundleError, validate_manifest
 from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
 from features.schema import RAW_COLUMNS
-from features.prior import DEFAULT_PRIOR, LinearBase, LinearPrior, growth_beyond, validate_base
+from features.prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base
 
 # z for a two-sided 90% band around the prediction when reporting bounds
 _Z = 1.645
@@ -94,14 +94,14 @@ _LOADERS = {"xgboost": _load_xgboost, "lightgbm": _load_lightgbm}
 
 
 @dataclass
-class _Calibration:
+class Calibration:
     scale: float = 1.0
     offset: float = 0.0
     regime_scale: np.ndarray | None = None
     regime_offset: np.ndarray | None = None
 
     @classmethod
-    def from_manifest(cls, spec: Mapping | None) -> "_Calibration":
+    def from_manifest(cls, spec: Mapping | None) -> "Calibration":
         if not spec:
             return cls()
         cal = cls(float(spec.get("scale", 1.0)), float(spec.get("offset_ms", 0.0)))
@@ -139,7 +139,7 @@ class LoadedBundle:
     _calibration: dict = field(default_factory=dict, repr=False)
     _uncertainty: dict = field(default_factory=dict, repr=False)
     _names: dict = field(default_factory=dict, repr=False)
-    #: per target with a base: (upper, coefficients), aligned to the model's columns
+    #: per target with a base: (link, intercept, upper, coefficients), aligned to the model's columns
     _base: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -163,13 +163,13 @@ class LoadedBundle:
                 raise
             except Exception as e:  # native loaders raise library-specific errors
                 raise BundleError(f"cannot load {spec['file']}: {e}") from None
-        calibration = {t: _Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
+        calibration = {t: Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
         metrics = m.get("metrics") or {}
         uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
         names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
         base = LinearBase(validate_base(m.get("base") or {}))
         try:
-            base_w = {t: base.growth(t, names.get(t)) for t in base.params}
+            base_w = {t: base.applier(t, names.get(t)) for t in base.params}
         except ValueError as e:
             raise BundleError(f"manifest.base.{e}") from None
         bundle = cls(version=m["version"], source="learned" if predictors else "prior",
@@ -198,7 +198,7 @@ class LoadedBundle:
                 y = predictor(x)
                 base = self._base.get(target)
                 if base is not None:  # past the largest work seen in training, the base keeps growing
-                    y = y + growth_beyond(x, *base)
+                    y = y + base_level(x, *base)
                 y = self._calibration[target].apply(y, raw)
             out.append(np.maximum(y, 0.0))
         return out[0], out[1]

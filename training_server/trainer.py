@@ -14,12 +14,15 @@ than ``config.min_rows`` rows gets no model (E2E data: a TTFT model only, mode "
 Recipes:
 * ``"default"`` (ours): XGBoost/LightGBM on ``FEATURES`` with the monotone constraints of
   ``features.matrix`` (``TrainConfig.monotone``, on by default; XGBoost, or LightGBM with the mean
-  objective: LightGBM refuses them with the quantile objective), tuned for small data, plus
-  split-conformal calibration (:mod:`training_server.calibration`): the model is
-  first fitted on ``1 - calibration_share`` of the rows, the additive offset (ms) that makes
-  (sample-weighted) coverage on the remaining rows equal the quantile is computed (globally and
-  per load regime with enough rows, made monotone across regimes), then, for small data (< ``refit_below`` rows), the model is
-  refitted on all rows and the offset kept.
+  objective: LightGBM refuses them with the quantile objective), tuned for small data, over a
+  *base*: the fitted prior (a non-negative linear quantile model of queued work,
+  ``features.prior``), so predictions keep growing past the largest work seen in training; and
+  calibrated forward (:mod:`training_server.target_fit`): the newest ``calibration_share`` of
+  the rows (in time order) are held out, the model is fitted on the older ones, the better base
+  link is chosen and a multiplicative conformal factor (globally and per load regime with enough
+  rows, monotone across regimes; :mod:`training_server.calibration`) makes held-out coverage
+  equal the quantile; for small data (< ``refit_below`` rows) the model is then refitted on all
+  rows and the calibration kept.
 * ``"upstream"``: the llm-d reference recipe of evaluation.md §1 (exact hyper-parameters,
   ``UPSTREAM_FEATURES``, no constraints, no calibration), for comparisons.
 """
@@ -34,12 +37,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from features.bundle import make_version
-from features.matrix import FEATURE_SETS, REGIME_NAMES, TARGETS, model_matrix, monotone_constraints, regimes, \
-    schema_description
-from features.prior import DEFAULT_PRIOR, PRIOR_FEATURES, LinearBase, fit_linear_quantile, growth_beyond, upper_values
+from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints, schema_description
+from features.prior import DEFAULT_PRIOR, FLOOR_FEATURES, LINKS, MIN_SLOPE_SHARE, PRIOR_FEATURES, fit_linear_quantile
 from features.schema import SCHEMA_VERSION
 
-from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_scale_spec, conformal_spec  # noqa: F401
+from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
+from .scoring import evaluate_bundle, evaluate_predictions, pinball_loss  # noqa: F401 (re-exported)
+from .target_fit import fit_target
 
 RECIPES = ("default", "upstream")
 FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-text")}
@@ -95,8 +99,9 @@ class TrainConfig:
     base_rows: int = 4000
     #: conformal calibration: "scale" (multiplicative, grows with the level) or "offset" (ms)
     calibration_kind: str = "scale"
-    #: which rows calibrate: "newest" (held out in time order) or "random"
-    calibration_rows: str = "newest"
+    #: how the trees combine with the base (features.prior.LINKS), or "auto": the better of them
+    #: on the newest held-out rows (training_server.target_fit)
+    base_link: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
@@ -109,6 +114,8 @@ class TrainConfig:
             raise ValueError(f"recipe must be one of {RECIPES}")
         if not 0 < self.calibration_share < 0.9:
             raise ValueError("calibration_share must be in (0, 0.9)")
+        if self.base_link not in ("auto", *LINKS):
+            raise ValueError(f"base_link must be 'auto' or one of {LINKS}")
         if self.calibration_kind not in ("scale", "offset"):
             raise ValueError("calibration_kind must be 'scale' or 'offset'")
         if self.nthread < 1 or self.min_rows < 2:
@@ -138,46 +145,6 @@ class TrainResult:
     @property
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t in TARGETS if t in self.models)
-
-
-# ---- metrics -----------------------------------------------------------------------------
-def pinball_loss(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> float:
-    d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
-    return float(np.mean(np.maximum(quantile * d, (quantile - 1.0) * d))) if d.size else float("nan")
-
-
-def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> dict:
-    """{"pinball" (ms), "coverage" (% of actuals <= prediction), "mape" (%), "n"}."""
-    y = np.asarray(y_true, dtype=np.float64).reshape(-1)
-    p = np.asarray(y_pred, dtype=np.float64).reshape(-1)
-    n = int(y.size)
-    if n == 0:
-        return {"pinball": float("nan"), "coverage": float("nan"), "mape": float("nan"), "n": 0}
-    pos = y > 0
-    mape = float(np.mean(np.abs(y[pos] - p[pos]) / y[pos]) * 100.0) if pos.any() else float("nan")
-    return {"pinball": pinball_loss(y, p, quantile), "coverage": float(np.mean(y <= p) * 100.0), "mape": mape, "n": n}
-
-
-def evaluate_bundle(bundle, raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, quantile: float | None = None,
-                    by_regime: bool = True) -> dict[str, dict]:
-    """Score a LoadedBundle on rows (zeros = absent) per target, overall and per load regime."""
-    q = bundle.quantile if quantile is None else quantile
-    out: dict[str, dict] = {}
-    if len(raw) == 0:
-        return out
-    pred = dict(zip(TARGETS, bundle.predict(raw)))
-    reg = regimes(raw)
-    for t, y in (("ttft", ttft), ("tpot", tpot)):
-        m = y > 0
-        if not m.any():
-            continue
-        res = evaluate_predictions(y[m], pred[t][m], q)
-        res["residual_std"] = float(np.std(y[m] - pred[t][m]))
-        if by_regime:
-            res["by_regime"] = {name: evaluate_predictions(y[m & (reg == i)], pred[t][m & (reg == i)], q)
-                                for i, name in enumerate(REGIME_NAMES) if (m & (reg == i)).any()}
-        out[t] = res
-    return out
 
 
 # ---- fitting ----------------------------------------------------------------------------
@@ -242,8 +209,9 @@ def _lgb_params(cfg: TrainConfig, names: tuple[str, ...], target: str) -> tuple[
 
 
 def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, names: tuple[str, ...],
-         target: str, stop: Callable[[], bool] | None = None) -> tuple[bytes, Any]:
-    """Fit one model; returns (native bytes, predict function on a model matrix)."""
+         target: str, stop: Callable[[], bool] | None = None, level_scale: float | None = None) -> tuple[bytes, Any]:
+    """Fit one model; returns (native bytes, predict function on a model matrix). ``level_scale``:
+    the typical size of the target when ``y`` is a residual (the pinball curvature floor)."""
     if cfg.model_type == "xgboost":
         import xgboost as xgb
 
@@ -256,7 +224,8 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
         obj = None
         if _constrained_quantile(cfg):
             params["base_score"] = float(np.quantile(y, cfg.quantile))
-            delta = float(cfg.pinball_delta.get(target, 1e-3)) * float(np.median(np.abs(y)))
+            typical = float(np.median(np.abs(y))) if level_scale is None else level_scale
+            delta = float(cfg.pinball_delta.get(target, 1e-3)) * typical
             obj = _pinball_objective(cfg.quantile, max(delta, 1e-9), w)
         booster = xgb.train(params, dtrain, num_boost_round=rounds, obj=obj,
                             callbacks=[_Stop()] if stop else None)
@@ -279,14 +248,14 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
 
 def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 4000,
               weights: np.ndarray | None = None) -> dict:
-    """The linear base of queued work (``features.prior``): a quantile linear model on
-    PRIOR_FEATURES with non-negative coefficients, fitted on the newest ``max_rows`` rows (the
-    caller's order is time order); it is the bundle's prior and the learned model's base."""
+    """The bundle's prior and the learned model's base (``features.prior``): a quantile linear
+    model on PRIOR_FEATURES, coefficients >= 0 (slope floors on FLOOR_FEATURES), newest rows."""
     names = PRIOR_FEATURES[target]
     if len(y) > max_rows:
         raw, y = raw[-max_rows:], y[-max_rows:]
         weights = None if weights is None else weights[-max_rows:]
-    intercept, coef = fit_linear_quantile(model_matrix(raw, target, names), y, quantile, weights)
+    rise = MIN_SLOPE_SHARE * float(np.median(y)) * np.array([n in FLOOR_FEATURES[target] for n in names])
+    intercept, coef = fit_linear_quantile(model_matrix(raw, target, names), y, quantile, weights, min_rise=rise)
     return {"intercept": intercept, "coef": {n: float(c) for n, c in zip(names, coef)}}
 
 
@@ -295,25 +264,6 @@ def _time_order(n: int, ts: np.ndarray | None) -> np.ndarray:
     if ts is None:
         return np.arange(n)
     return np.argsort(np.asarray(ts, dtype=np.float64), kind="stable")
-
-
-def _newest_split(n: int, share: float, ts: np.ndarray | None) -> np.ndarray:
-    """Boolean mask of the newest ``share`` of n rows (the conformal calibration rows: held out
-    in time order, so the offset measures how the model does on what comes next)."""
-    mask = np.zeros(n, dtype=bool)
-    k = int(round(n * share))
-    if k:
-        mask[_time_order(n, ts)[n - k:]] = True
-    return mask
-
-
-def _random_split(n: int, share: float, seed: int) -> np.ndarray:
-    mask = np.zeros(n, dtype=bool)
-    k = int(round(n * share))
-    if k:
-        mask[np.random.default_rng(seed).permutation(n)[:k]] = True
-    return mask
-
 
 class TrainingStopped(Exception):
     """``train_models`` was asked to stop (``stop()`` returned True) before finishing."""
@@ -325,10 +275,10 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     """Train one model per target with enough rows; see the module docstring.
 
     ``ts`` (epoch s) orders the rows in time (ties and missing timestamps: the given order, which
-    is arrival order for the store and the traces): the base is fitted on the newest rows and
-    the conformal calibration rows are the newest ones. ``weights`` are per-row sample weights. ``stop`` is
-    polled after every boosting round; when it returns True, TrainingStopped is raised
-    (a server shutting down never waits for a whole training run).
+    is arrival order for the store and the traces): the base is fitted on the newest rows, the
+    calibration rows are the newest ones. ``weights``: per-row sample weights. ``stop`` is polled
+    after every boosting round; when it returns True, TrainingStopped is raised (shutdown never
+    waits for a whole training run).
     """
     t0 = time.perf_counter()
     raw = np.asarray(raw, dtype=np.float64)
@@ -367,29 +317,14 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
         prior[target] = fit_prior(r, y, target, config.quantile if config.objective == "quantile" else 0.5,
                                   max_rows=config.base_rows, weights=w)
         x = model_matrix(r, target, names)
-        base = None
-        if config.base and config.recipe == "default":  # the prior is the base: its slopes past the range seen
-            base = prior[target]
-            bases[target] = {**base, "link": "beyond", "upper": upper_values(x, names, base["coef"])}
-        do_cal = (config.calibrate and config.recipe == "default" and config.objective == "quantile"
-                  and n * config.calibration_share >= 20)
-        if do_cal:
-            cal = (_newest_split(n, config.calibration_share, None) if config.calibration_rows == "newest"
-                   else _random_split(n, config.calibration_share, config.seed + 7919 * TARGETS.index(target)))
-            fitted, predict = _fit(config, x[~cal], y[~cal], None if w is None else w[~cal], names, target,
-                                   stop)
-            pred = predict(x[cal])
-            if base is not None:  # past the range of the rows the model was fitted on, the base grows
-                fit_base = LinearBase({target: {**base, "upper": upper_values(x[~cal], names, base["coef"])}})
-                pred = pred + growth_beyond(x[cal], *fit_base.growth(target, names))
-            wc, rc = None if w is None else w[cal], regimes(r[cal])
-            calibration[target] = (conformal_scale_spec(target, y[cal], pred, rc, config.quantile, weights=wc)
-                                   if config.calibration_kind == "scale" else
-                                   conformal_spec(target, y[cal] - pred, rc, config.quantile, weights=wc))
-        if do_cal and n >= config.refit_below:
-            models[target] = fitted  # plenty of rows: the calibrated model itself, no second fit
-        else:
-            models[target], _ = _fit(config, x, y, w, names, target, stop)
+        use_base = config.base and config.recipe == "default"
+        models[target], base, cal = fit_target(
+            config, lambda xf, yf, wf, scale: _fit(config, xf, yf, wf, names, target, stop, scale),
+            r, x, y, w, names, target, prior[target] if use_base else None)
+        if base is not None:
+            bases[target] = base
+        if cal is not None:
+            calibration[target] = cal
     return TrainResult(config=config, models=models, feature_names=names_used, prior=prior,
                        calibration=calibration, n_train=n_train, train_seconds=time.perf_counter() - t0,
                        base=bases)
