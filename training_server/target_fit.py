@@ -6,6 +6,12 @@ situation of a served model), the model is fitted on the older ones, and the cal
 (:mod:`training_server.calibration`: a multiplicative conformal factor by default, an offset
 in ms on request) is computed on the held-out rows.
 
+Where ``TrainConfig.calibration_rows`` says ``"both"`` for a target (TPOT by default), the
+chosen model is also fitted without a random share of the rows and calibrated on it, and the
+larger of the two corrections is kept: TPOT is bounded by the decode batch and does not run
+away with load the way TTFT does with queues, so a newest stretch that happens to be calm must
+not set its margin alone (forward protocol, sim-sessions: TPOT coverage 85% -> 92%).
+
 With a base (``TrainConfig.base``), each candidate link of :mod:`features.prior` is fitted
 (``TrainConfig.base_link``: ``"auto"`` tries ``"beyond"`` and ``"add"``) and the one with the
 lower pinball loss on the held-out newest rows, after calibration, is kept: ``"beyond"`` keeps
@@ -82,7 +88,32 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         if best is None or score < best[0]:
             best = (score, link, model, spec, calib)
     _, link, model, spec, calib = best
+    if cfg.calibration_rows.get(target, "newest") == "both":  # and a random share: the larger factor
+        rnd = np.zeros(n, dtype=bool)
+        rnd[np.random.default_rng(cfg.seed + 17).permutation(n)[:k]] = True
+        spec_r = None if link is None else base_spec(prior, link, x[~rnd], names)
+        _, predict = fit(x[~rnd], y[~rnd] - _level(spec_r, x[~rnd], target, names),
+                         None if w is None else w[~rnd], scale)
+        pred = predict(x[rnd]) + _level(spec_r, x[rnd], target, names)
+        reg_r, w_r = regimes(r[rnd]), None if w is None else w[rnd]
+        calib = _larger(calib, conformal_scale_spec(target, y[rnd], pred, reg_r, cfg.quantile, weights=w_r)
+                        if cfg.calibration_kind == "scale" else
+                        conformal_spec(target, y[rnd] - pred, reg_r, cfg.quantile, weights=w_r))
     if n < cfg.refit_below:  # few rows: refit the chosen model on all of them, keep the calibration
         spec = None if link is None else base_spec(prior, link, x, names)
         model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
     return model, spec, calib
+
+
+def _larger(a: dict, b: dict) -> dict:
+    """The calibration map that is the larger of two (scale and offset, globally and per regime;
+    both are monotone across regimes, so is the result)."""
+    def pick(x: dict, y: dict) -> dict:
+        return {"offset_ms": max(x.get("offset_ms", 0.0), y.get("offset_ms", 0.0)),
+                "scale": max(x.get("scale", 1.0), y.get("scale", 1.0))}
+
+    out = {**a, **pick(a, b), "n_calibration": a.get("n_calibration", 0) + b.get("n_calibration", 0)}
+    ra, rb = a.get("by_regime") or {}, b.get("by_regime") or {}
+    if ra or rb:
+        out["by_regime"] = {n: pick(ra.get(n, a), rb.get(n, b)) for n in sorted(set(ra) | set(rb))}
+    return out

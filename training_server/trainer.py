@@ -76,9 +76,8 @@ class TrainConfig:
     calibrate: bool = True           # conformal offset (quantile objective, default recipe)
     calibration_share: float = 0.2
     min_rows: int = 30               # fewer rows with a target -> no model for it
-    #: with calibration, below this many rows the final model is refitted on all rows (the
-    #: calibration rows are too precious to leave out); at or above it, the model fitted on
-    #: the non-calibration rows is shipped as is (half the training time, exact calibration)
+    #: with calibration, below this many rows the final model is refitted on all rows (the calibration
+    #: rows are too precious to leave out); at or above it, the calibrated model is shipped as is
     refit_below: int = 20_000
     params: Mapping[str, Any] | None = None  # hyper-parameter overrides (library names)
     #: per target, the residual below which _pinball_objective's curvature stops growing, as a
@@ -91,17 +90,18 @@ class TrainConfig:
     #: random-split protocol: on sharegpt-h200 TTFT pinball rises ~35% (the KV constraint
     #: forbids memorising stall bursts by their exact KV value); neutral on simulator traces.
     monotone: bool = True
-    #: default recipe: past the largest queued work seen in training, predictions keep growing
-    #: at the slopes of the fitted prior (a non-negative linear quantile model, features.prior)
-    #: instead of flattening at the trees' last split
+    #: default recipe: past the largest work seen in training, predictions keep growing at the
+    #: slopes of the fitted prior (features.prior) instead of flattening at the last tree split
     base: bool = True
-    #: rows (newest first) the base's linear program is fitted on
-    base_rows: int = 4000
+    base_rows: int = 4000            # newest rows the base's linear program is fitted on
     #: conformal calibration: "scale" (multiplicative, grows with the level) or "offset" (ms)
     calibration_kind: str = "scale"
     #: how the trees combine with the base (features.prior.LINKS), or "auto": the better of them
     #: on the newest held-out rows (training_server.target_fit)
     base_link: str = "auto"
+    #: per target, the conformal calibration rows: "newest" (time order) or "both" (the larger
+    #: correction of the newest and of a random share; training_server.target_fit)
+    calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "both"})
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
