@@ -33,6 +33,9 @@ from prediction_server.model import Calibration
 
 from .calibration import conformal_scale_spec, conformal_spec
 
+#: fewest calibration rows for the forward calibration (newest rows, multiplicative); fewer:
+#: a random share and an offset in ms
+MIN_FORWARD_ROWS = 100
 #: ``_fit(x, label, weights, level_scale) -> (native bytes, predict on a model matrix)``
 FitFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", float], tuple[bytes, Any]]
 
@@ -71,16 +74,25 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
         return model, spec, None
     k = int(round(n * cfg.calibration_share))
+    # Few rows (fewer than MIN_FORWARD_ROWS to calibrate on): a random share and an offset in ms,
+    # as in steady state; the newest few rows of a warming-up server say little about the
+    # next ones, and a factor from a few rows is set by one ratio (a short prediction missed by
+    # 2x doubles every prediction).
+    forward = k >= MIN_FORWARD_ROWS
     cal = np.zeros(n, dtype=bool)
-    cal[n - k:] = True
+    if forward:
+        cal[n - k:] = True
+    else:
+        cal[np.random.default_rng(cfg.seed + 7919 * (target == "tpot")).permutation(n)[:k]] = True
     wf, wc = (None, None) if w is None else (w[~cal], w[cal])
+    multiplicative = cfg.calibration_kind == "scale" and forward
     reg = regimes(r[cal])
     best = None
     for link in links:
         spec = None if link is None else base_spec(prior, link, x[~cal], names)
         model, predict = fit(x[~cal], y[~cal] - _level(spec, x[~cal], target, names), wf, scale)
         pred = predict(x[cal]) + _level(spec, x[cal], target, names)
-        if cfg.calibration_kind == "scale":
+        if multiplicative:
             calib = conformal_scale_spec(target, y[cal], pred, reg, cfg.quantile, weights=wc)
         else:
             calib = conformal_spec(target, y[cal] - pred, reg, cfg.quantile, weights=wc)
@@ -88,7 +100,7 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         if best is None or score < best[0]:
             best = (score, link, model, spec, calib)
     _, link, model, spec, calib = best
-    if cfg.calibration_rows.get(target, "newest") == "both":  # and a random share: the larger factor
+    if forward and cfg.calibration_rows.get(target, "newest") == "both":  # and a random share: the larger factor
         rnd = np.zeros(n, dtype=bool)
         rnd[np.random.default_rng(cfg.seed + 17).permutation(n)[:k]] = True
         spec_r = None if link is None else base_spec(prior, link, x[~rnd], names)
@@ -97,7 +109,7 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         pred = predict(x[rnd]) + _level(spec_r, x[rnd], target, names)
         reg_r, w_r = regimes(r[rnd]), None if w is None else w[rnd]
         calib = _larger(calib, conformal_scale_spec(target, y[rnd], pred, reg_r, cfg.quantile, weights=w_r)
-                        if cfg.calibration_kind == "scale" else
+                        if multiplicative else
                         conformal_spec(target, y[rnd] - pred, reg_r, cfg.quantile, weights=w_r))
     if n < cfg.refit_below:  # few rows: refit the chosen model on all of them, keep the calibration
         spec = None if link is None else base_spec(prior, link, x, names)
