@@ -35,7 +35,7 @@ from .calibration import conformal_scale_spec, conformal_spec
 
 #: fewest calibration rows for the forward calibration (newest rows, multiplicative); fewer:
 #: a random share and an offset in ms
-MIN_FORWARD_ROWS = 100
+MIN_FORWARD_ROWS = 60
 #: ``_fit(x, label, weights, level_scale) -> (native bytes, predict on a model matrix)``
 FitFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", float], tuple[bytes, Any]]
 
