@@ -16,6 +16,8 @@ Manifest keys (all JSON)::
     mode             "streaming" | "e2e"
     models           {target: {"file", "format", "size", "sha256"}}   (targets present)
     prior            {target: {"intercept", "coef": {feature: w}}}     (always present)
+    base             {target: {"intercept", "coef": {feature: w >= 0}, "link": "add"}}  (optional:
+                     the linear base a target's trees learn the residual over; see features.prior)
     calibration      {target: {"offset_ms": float, "scale": float,
                                "by_regime": {regime: {"offset_ms", "scale"}}}}  (optional)
     training         {target: {"n_train": int, "n_test": int}}
@@ -43,7 +45,7 @@ from typing import Any, Mapping
 
 from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
 from .schema import RAW_COLUMNS
-from .prior import validate_prior
+from .prior import validate_base, validate_prior
 
 MANIFEST = "manifest.json"
 MODEL_KINDS = ("xgboost", "lightgbm", "prior")
@@ -155,6 +157,10 @@ def validate_manifest(m: Any) -> dict:
         raise BundleError("manifest.models is empty for a learned bundle")
     try:
         validate_prior(m["prior"])
+        if "base" in m:
+            for t in validate_base(m["base"]):
+                if t not in models:
+                    raise ValueError(f"base.{t}: no model for this target")
     except (ValueError, TypeError) as e:
         raise BundleError(f"manifest.{e}") from None
     validate_numbers(m)

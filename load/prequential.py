@@ -16,7 +16,14 @@ time from the 100th sample to the first prediction served by a learned model; co
 the predictions made before that (the prior); coverage per 10 s window and target; after
 the step, the traffic time until the 10 s coverage is first back within ±3 points of the
 quantile and until it stays there for good, the share of later windows inside the band,
-and the coverage of the last 10 s.
+and the coverage of the last 10 s. From the first learned prediction on: the share of 10 s
+windows whose coverage is within ±5 points of the quantile, and the lowest and highest.
+
+A trace that drifts by itself (the ramp of ``load.record_traces``: load rising from 0.5 to 1.4
+of capacity) is replayed without a step: ``--factor 1 --after 0 --before`` its length at the
+rate (``--before 0``: the whole trace once). The plot then shows, with the coverage, the queue
+of each replayed entry and the largest queue seen so far: coverage as load passes the range
+every model was trained on.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = Path("/tmp/traces/sim-sessions.jsonl")
 WINDOW_S = 10.0
 BAND = 3.0
+#: band of the learned-model windows (evaluation: every 10 s window within 90 ± 5)
+LEARNED_BAND = 5.0
 
 
 def _free_port() -> int:
@@ -110,6 +119,7 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
     total = int(round(rate * (before + after)))
     step_at = int(round(rate * before))
     rec: list[tuple] = []  # (traffic s, index, target 0/1, actual, predicted, learned 0/1)
+    queue: list[float] = []  # num_request_waiting of each replayed entry
     try:
         with httpx.Client(timeout=10.0, trust_env=False) as c:
             _wait(c, turl + "/healthz", training)
@@ -128,6 +138,7 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
                         e[k] = float(e.get(k) or 0.0) * factor
                 e.pop("timestamp", None)  # arrival time is now
                 row = {k: e[k] for k in _ROW_KEYS if k in e}
+                queue.append(float(e.get("num_request_waiting") or 0.0))
                 r = c.post(purl + "/predict/bulk/strict", json={"requests": [row]})
                 r.raise_for_status()
                 p = r.json()["predictions"][0]
@@ -151,7 +162,7 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
     summary = summarize(a, rate=rate, step_s=before, quantile=quantile)
     summary.update(rate=rate, before_s=before, after_s=after, factor=factor, entries=total,
                    wall_s=round(wall, 1), sync_interval_s=sync_interval, retrain_interval_s=retrain_interval)
-    plot(a, summary, out / "prequential-coverage.png", quantile)
+    plot(a, summary, out / "prequential-coverage.png", quantile, queue=np.array(queue), rate=rate)
     (out / "prequential.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -182,6 +193,13 @@ def summarize(a: np.ndarray, *, rate: float, step_s: float, quantile: float) -> 
         ends, cov = windowed_coverage(a, ti)
         if not len(ends):
             continue
+        fl = out["first_learned_prediction_s"]
+        after = (ends - WINDOW_S >= fl) & np.isfinite(cov) if fl is not None else np.zeros(len(ends), dtype=bool)
+        learned_windows = {"windows": int(after.sum()),
+                           f"share_within_{LEARNED_BAND:g}_points": (
+                               float(np.mean(np.abs(cov[after] - q) <= LEARNED_BAND) * 100.0) if after.any() else None),
+                           "min_coverage": float(cov[after].min()) if after.any() else None,
+                           "max_coverage": float(cov[after].max()) if after.any() else None}
         pre = (ends <= step_s) & (ends > step_s - 20.0)
         post = ends >= step_s + WINDOW_S  # windows wholly after the step
         inside = np.abs(cov - q) <= BAND
@@ -203,11 +221,13 @@ def summarize(a: np.ndarray, *, rate: float, step_s: float, quantile: float) -> 
                      "share_of_windows_within_3_points_after_recovery": (
                          float(inside[np.flatnonzero(post & inside)[0]:].mean() * 100.0)
                          if first is not None else None),
-                     "overall_coverage": float((a[a[:, 2] == ti, 3] <= a[a[:, 2] == ti, 4]).mean() * 100.0)}
+                     "overall_coverage": float((a[a[:, 2] == ti, 3] <= a[a[:, 2] == ti, 4]).mean() * 100.0),
+                     "after_first_learned": learned_windows}
     return out
 
 
-def plot(a: np.ndarray, summary: dict, path: Path, quantile: float) -> None:
+def plot(a: np.ndarray, summary: dict, path: Path, quantile: float, queue: np.ndarray | None = None,
+         rate: float = 1.0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +239,8 @@ def plot(a: np.ndarray, summary: dict, path: Path, quantile: float) -> None:
         ax.plot(ends, cov, label=f"{name} coverage ({WINDOW_S:g} s window)")
     q = quantile * 100.0
     ax.axhspan(q - BAND, q + BAND, color="green", alpha=0.15, label=f"target {q:g} ± {BAND:g}")
-    ax.axvline(summary["before_s"], color="r", ls="--", label=f"step: x{summary['factor']:g} slower")
+    if summary["factor"] != 1.0:
+        ax.axvline(summary["before_s"], color="r", ls="--", label=f"step: x{summary['factor']:g} slower")
     fl = summary.get("first_learned_prediction_s")
     if fl is not None:
         ax.axvline(fl, color="k", ls=":", label="first learned prediction")
@@ -227,6 +248,13 @@ def plot(a: np.ndarray, summary: dict, path: Path, quantile: float) -> None:
     ax.set_ylabel("live coverage (%)")
     ax.set_ylim(0, 100)
     ax.legend(loc="lower left", fontsize=8)
+    if queue is not None and len(queue) and queue.max() > 0:
+        ax2 = ax.twinx()
+        t = np.arange(len(queue)) / rate
+        ax2.plot(t, queue, color="grey", lw=0.5, alpha=0.5, label="queue (waiting requests)")
+        ax2.plot(t, np.maximum.accumulate(queue), color="k", lw=1, label="largest queue seen so far")
+        ax2.set_ylabel("waiting requests")
+        ax2.legend(loc="lower right", fontsize=8)
     ax.set_title("prequential replay through real servers: live coverage over time")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -238,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE),
                    help="JSONL training entries (default: the sessions trace of load.record_traces)")
     p.add_argument("--rate", type=float, default=50.0, help="entries per second")
-    p.add_argument("--before", type=float, default=60.0, help="seconds of traffic before the step")
+    p.add_argument("--before", type=float, default=60.0,
+                   help="seconds of traffic before the step (0: the whole trace once, at --rate)")
     p.add_argument("--after", type=float, default=60.0, help="seconds of traffic after the step")
     p.add_argument("--factor", type=float, default=1.5, help="latency factor after the step")
     p.add_argument("--quantile", type=float, default=0.9)
@@ -246,9 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrain-interval", type=float, default=0.5, help="training server worker interval")
     p.add_argument("--out", default="prequential-out")
     args = p.parse_args(argv)
-    if args.rate <= 0 or args.before <= 0 or args.after < 0 or args.factor <= 0:
-        p.error("--rate, --before, --factor must be > 0 and --after >= 0")
+    if args.rate <= 0 or args.before < 0 or args.after < 0 or args.factor <= 0:
+        p.error("--rate and --factor must be > 0, --before and --after >= 0")
     entries = load_entries(Path(args.trace))
+    if args.before == 0:
+        args.before = len(entries) / args.rate
     s = replay(entries, rate=args.rate, before=args.before, after=args.after, factor=args.factor, out=Path(args.out),
                quantile=args.quantile, sync_interval=args.sync_interval, retrain_interval=args.retrain_interval)
     print(json.dumps(s, indent=2))

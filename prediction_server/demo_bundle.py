@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from features.bundle import make_version, write_bundle
-from features.matrix import TARGETS, model_matrix, schema_description
-from features.prior import DEFAULT_PRIOR
+from features.matrix import FEATURES, TARGETS, model_matrix, schema_description
+from features.prior import DEFAULT_PRIOR, upper_values
 from features.schema import SCHEMA_VERSION, parse_training_entry
 from load.data import SHAREGPT, open_data
 
@@ -77,6 +77,18 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
     return files, models, metrics
 
 
+def demo_base(path: str = str(SHAREGPT)) -> dict:
+    """A base like the trainer's (features.prior): the default prior's slopes past the largest
+    values of the trace (so the served path applies it as real bundles do)."""
+    raw, ttft, tpot = load_trace(path)
+    out = {}
+    for target, y in zip(TARGETS, (ttft, tpot)):
+        x = model_matrix(raw[y > 0], target)
+        out[target] = {**DEFAULT_PRIOR[target], "link": "beyond",
+                       "upper": upper_values(x, FEATURES[target], DEFAULT_PRIOR[target]["coef"])}
+    return out
+
+
 def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
                  calibration: dict | None = None, max_depth: int = 5, lineage: dict | None = None) -> Path:
     """Train (cached per kind/rounds/depth) and write bundle ``seq`` under ``root``; returns its dir.
@@ -95,6 +107,7 @@ def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
         "mode": "streaming",
         "models": models,
         "prior": DEFAULT_PRIOR,
+        "base": demo_base(),
         "training": {t: {"n_train": 0, "n_test": 0} for t in TARGETS},
         "metrics": metrics,
     }

@@ -15,7 +15,7 @@ import numpy as np
 from features.bundle import BundleError, validate_manifest
 from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
 from features.schema import parse_row
-from features.prior import DEFAULT_PRIOR, LinearPrior
+from features.prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base
 
 # z for a two-sided 90% band around the prediction when reporting bounds
 _Z = 1.645
@@ -103,14 +103,14 @@ _LOADERS = {"xgboost": _load_xgboost, "lightgbm": _load_lightgbm}
 
 
 @dataclass
-class _Calibration:
+class Calibration:
     scale: float = 1.0
     offset: float = 0.0
     regime_scale: np.ndarray | None = None
     regime_offset: np.ndarray | None = None
 
     @classmethod
-    def from_manifest(cls, spec: Mapping | None) -> "_Calibration":
+    def from_manifest(cls, spec: Mapping | None) -> "Calibration":
         if not spec:
             return cls()
         cal = cls(float(spec.get("scale", 1.0)), float(spec.get("offset_ms", 0.0)))
@@ -150,6 +150,8 @@ class LoadedBundle:
     _calibration: dict = field(default_factory=dict, repr=False)
     _uncertainty: dict = field(default_factory=dict, repr=False)
     _names: dict = field(default_factory=dict, repr=False)
+    #: per target with a base: (link, intercept, upper, coefficients), aligned to the model's columns
+    _base: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
@@ -172,16 +174,21 @@ class LoadedBundle:
                 raise
             except Exception as e:  # native loaders raise library-specific errors
                 raise BundleError(f"cannot load {spec['file']}: {e}") from None
-        calibration = {t: _Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
+        calibration = {t: Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
         metrics = m.get("metrics") or {}
         uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
         if not all(np.isfinite(u) and u >= 0 for u in uncertainty.values()):
             raise BundleError(f"bundle {m['version']}: residual spreads must be finite and >= 0")
         names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
+        base = LinearBase(validate_base(m.get("base") or {}))
+        try:
+            base_w = {t: base.applier(t, names.get(t)) for t in base.params}
+        except ValueError as e:
+            raise BundleError(f"manifest.base.{e}") from None
         bundle = cls(version=m["version"], source="learned" if predictors else "prior",
                      model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
                      manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
-                     _calibration=calibration, _uncertainty=uncertainty, _names=names)
+                     _calibration=calibration, _uncertainty=uncertainty, _names=names, _base=base_w)
         bundle.smoke_test()
         return bundle
 
@@ -210,7 +217,11 @@ class LoadedBundle:
                 y = self._prior.predict(raw, target)
             else:
                 x = model_matrix(raw, target, self._names.get(target))
-                y = self._calibration[target].apply(predictor(x), raw)
+                y = predictor(x)
+                base = self._base.get(target)
+                if base is not None:  # past the largest work seen in training, the base keeps growing
+                    y = y + base_level(x, *base)
+                y = self._calibration[target].apply(y, raw)
             out.append(np.maximum(y, 0.0))
         return out[0], out[1]
 

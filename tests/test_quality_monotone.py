@@ -56,6 +56,9 @@ def served(tmp_path_factory):
     raw = np.vstack([raw, hi])
     ttft = np.concatenate([ttft, ttft * factor])
     tpot = np.concatenate([tpot, tpot * 1.3])
+    # interleaved in time: the newest rows (the conformal calibration rows) span every regime
+    order = rng.permutation(len(raw))
+    raw, ttft, tpot = raw[order], ttft[order], tpot[order]
     bundle = _served_bundle(tmp_path_factory.mktemp("mono"), raw, ttft, tpot)
     assert bundle.source == "learned" and bundle.has_model("ttft") and bundle.has_model("tpot")
     return bundle

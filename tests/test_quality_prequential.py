@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from load import prequential, simulate_cli
 
@@ -45,3 +46,23 @@ def test_summary_finds_the_recovery_time():
         assert s[t]["min_coverage_after_step"] < 60
         assert abs(s[t]["coverage_last_10s"] - 90.0) < 1.0
     assert s["learned_after_100th_sample_s"] > 0
+
+
+def test_summary_counts_the_learned_windows_inside_the_band():
+    """Synthetic records without a step: the prior until 5 s, then coverage 90% except a dip
+    to 50% between 30 and 40 s; the windows after the first learned prediction are scored."""
+    rows = []
+    for i in range(60 * 50):
+        t = i / 50.0
+        k = i // 2
+        miss = (k % 2 == 0) if 30.0 <= t < 40.0 else (k % 10 == 0)
+        rows.append((t, i, i % 2, 3.0 if miss else 1.0, 2.0, 1 if t >= 5 else 0))
+    s = prequential.summarize(np.array(rows), rate=50.0, step_s=60.0, quantile=0.9)
+    for t in ("ttft", "tpot"):
+        w = s[t]["after_first_learned"]
+        # windows end every second from 15 s (the first wholly after 5 s) to 60 s
+        assert w["windows"] == 46
+        assert w["min_coverage"] < 60 and w["max_coverage"] >= 90
+        # 19 windows touch the dip (ends 31..49 s); those overlapping it by 1 s only (ends 31 and
+        # 49: coverage 86%) are still inside the band with the 27 that do not touch it
+        assert w["share_within_5_points"] == pytest.approx(29 / 46 * 100, abs=0.1)

@@ -90,9 +90,10 @@ def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts, tmp
     # no new data: nothing is trained, nothing republished
     cycles = worker.cycles
     assert worker.run_once().outcome == "skipped" and worker.cycles == cycles
-    # new data, but a crippled candidate (one stump, no calibration): refused
+    # new data, but a crippled candidate (one stump of the mean, no calibration: a p90 constant
+    # would be a fair TPOT model on this steady trace): refused
     store.submit(rows(ENTRIES[3000:])).result(10)
-    worker.config = TrainConfig(params={"n_estimators": 1, "max_depth": 1}, calibrate=False)
+    worker.config = TrainConfig(params={"n_estimators": 1, "max_depth": 1}, calibrate=False, objective="mean")
     bad = worker.run_once()
     assert bad.outcome == "rejected" and "ttft" in bad.reason and "tpot" in bad.reason
     assert registry.served.version == v1 and len(list_bundles(registry.root)) == 1

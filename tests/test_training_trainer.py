@@ -40,8 +40,11 @@ def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
     assert result.n_train["ttft"] == int((ttft[~test] > 0).sum())
     for t in ("ttft", "tpot"):
         cal = result.calibration[t]
-        assert np.isfinite(cal["offset_ms"]) and cal["scale"] == 1.0
-        assert all(w >= 0 for w in result.prior[t]["coef"].values())  # NNLS
+        assert cal["offset_ms"] == 0.0 and 0.5 < cal["scale"] < 3.0  # multiplicative conformal
+        assert all(w >= 0 for w in result.prior[t]["coef"].values())  # non-negative quantile fit
+        base = result.base[t]  # the prior is the base: same coefficients, plus the range seen
+        assert base["coef"] == result.prior[t]["coef"] and base["link"] in ("beyond", "add")
+        assert set(base["upper"]) == set(base["coef"])
     bundle = trainer.loaded_bundle(result)
     scores = trainer.evaluate_bundle(bundle, raw[test], ttft[test], tpot[test])
     for t in ("ttft", "tpot"):

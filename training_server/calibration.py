@@ -6,6 +6,8 @@ applied by :class:`prediction_server.model.LoadedBundle`) maps a raw model outpu
 KV below/above 80%, :data:`features.matrix.REGIME_NAMES`); a regime without its own entry
 uses the global values.
 
+* :func:`conformal_scale_spec` (the trainer's default): the same with ratios actual /
+  prediction, a multiplicative factor (the correction grows with the level).
 * :func:`conformal_spec`: from held-out residuals of a model fitted without the calibration
   rows, the additive offset that makes coverage equal the quantile (finite-sample level),
   globally and per regime with enough rows. Per-regime values are then made *monotone* in
@@ -70,20 +72,35 @@ def monotone_regimes(target: str, values: Mapping[str, float], default: float) -
 
 
 def conformal_spec(target: str, residuals: np.ndarray, regime: np.ndarray, quantile: float,
-                   min_regime_rows: int = MIN_REGIME_CAL_ROWS, weights: np.ndarray | None = None) -> dict[str, Any]:
+                   min_regime_rows: int = MIN_REGIME_CAL_ROWS, weights: np.ndarray | None = None,
+                   key: str = "offset_ms") -> dict[str, Any]:
     """Calibration spec from held-out residuals (actual - raw prediction), their regimes and
-    optional sample weights."""
+    optional sample weights. With ``key="scale"`` the "residuals" are ratios actual /
+    prediction and the spec multiplies (offset 0): the correction grows with the level."""
     residuals = np.asarray(residuals, dtype=np.float64)
     regime = np.asarray(regime)
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    neutral = {"offset_ms": 0.0, "scale": 1.0}
     glob = conformal_offset(residuals, quantile, w)
-    spec: dict[str, Any] = {"offset_ms": glob, "scale": 1.0, "n_calibration": int(residuals.size)}
+    spec: dict[str, Any] = {**neutral, key: glob, "n_calibration": int(residuals.size)}
     own = {name: conformal_offset(residuals[regime == i], quantile, None if w is None else w[regime == i])
            for i, name in enumerate(REGIME_NAMES) if (regime == i).sum() >= min_regime_rows}
     if len(own) > 1:  # a single regime with its own offset is the global one, near enough
-        spec["by_regime"] = {name: {"offset_ms": off, "scale": 1.0}
-                             for name, off in monotone_regimes(target, own, glob).items()}
+        spec["by_regime"] = {name: {**neutral, key: v} for name, v in monotone_regimes(target, own, glob).items()}
     return spec
+
+
+def conformal_scale_spec(target: str, actual: np.ndarray, predicted: np.ndarray, regime: np.ndarray,
+                         quantile: float, weights: np.ndarray | None = None) -> dict[str, Any]:
+    """Multiplicative split-conformal spec: the factor on the raw prediction that makes held-out
+    coverage equal the quantile (globally and per regime, monotone across regimes), from
+    (actual, raw prediction) pairs. Relative errors are what stays comparable when the level
+    moves (a queue twice as long: errors twice as large), so it holds forward better than an
+    offset in ms."""
+    a = np.asarray(actual, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    floor = max(float(np.median(np.abs(a))) * 1e-3, 1e-9) if a.size else 1e-9
+    return conformal_spec(target, a / np.maximum(p, floor), regime, quantile, weights=weights, key="scale")
 
 
 def aci_update(log_factor: float, actual: np.ndarray, predicted: np.ndarray, quantile: float,

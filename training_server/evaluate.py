@@ -1,23 +1,28 @@
-"""``latency-predictor evaluate``: the offline accuracy protocol of docs/evaluation.md §1.
+"""``latency-predictor evaluate``: the offline accuracy protocols of docs/evaluation.md §1.
 
-For each trace (JSONL of training entries in the wire format; a zero target means absent)
-and each seed, the rows are split at random 90/10; the 90 goes through the production
-training path (the stratified sampling of :mod:`training_server.sampling` with the
-server's default cap per bucket, :func:`training_server.trainer.train_models` with the
-server's default :class:`TrainConfig` incl. conformal calibration, served through the
-same :class:`prediction_server.model.LoadedBundle`), and the 10 is predicted. On the
-same splits (the same sampled training rows) the reference recipe of §1 (``recipe=
-"upstream"``) is trained and scored. Reported per target, over seeds: pinball loss mean
-and std, coverage (share of actuals <= prediction, %), coverage per load regime (pooled
-over seeds), MAPE, and the reference's pinball and coverage.
+Each trace is JSONL of training entries in the wire format (a zero target means absent), in
+arrival order. ``--protocol forward`` (default, what a router lives with): the rows in file
+order form 10 contiguous blocks; for k = 2..9 the model is trained on blocks 0..k-1 and
+predicts block k. ``--protocol random``: ``--seeds`` random 90/10 splits. Training always goes
+through the production path (the stratified sampling of :mod:`training_server.sampling` with
+the server's default cap per bucket, :func:`training_server.trainer.train_models` with the
+server's default :class:`TrainConfig` incl. its base and conformal calibration, served through
+the same :class:`prediction_server.model.LoadedBundle`). On the same sampled training rows
+both baselines of §1 (:mod:`training_server.baselines`: the upstream recipe and a linear
+quantile regression) are trained and scored. Reported per target, over folds (only rows whose
+target is > 0 count): pinball loss mean and std, coverage (share of actuals <= prediction, %),
+coverage per load regime (pooled over folds), MAPE, and each baseline's pinball and coverage.
 
 ``--json`` prints exactly::
 
-    {"traces": {NAME: {"ttft": {"n", "pinball", "pinball_std", "coverage",
-     "coverage_by_regime": {REGIME: %}, "mape", "reference": {"pinball", "coverage"}},
+    {"protocol": "forward" | "random",
+     "traces": {NAME: {"ttft": {"n", "pinball", "pinball_std", "coverage",
+     "coverage_by_regime": {REGIME: %}, "mape", "reference": {"pinball", "coverage"},
+     "baselines": {"upstream": {"pinball", "coverage"}, "linear": {"pinball", "coverage"}}},
      "tpot": {...}}}}
 
-with NAME the file name without ``.jsonl``; a target absent from a trace is omitted.
+with NAME the file name without ``.jsonl`` and ``reference`` equal to ``baselines.upstream``; a
+target absent from a trace is omitted. The table says per row whether the §1 target is met.
 ``--plots DIR`` writes ``NAME-TARGET-calibration.png`` (predicted vs actual) and
 ``NAME-TARGET-reliability.png`` (coverage per predicted-value decile) per trace/target.
 """
@@ -36,6 +41,8 @@ from features.matrix import REGIME_NAMES, TARGETS, regimes
 from features.schema import FieldError, parse_training_entry
 
 from . import sampling, trainer
+from .baselines import BASELINES, linear_predictions, upstream_predictions
+from .evaluate_report import format_table, write_plots
 from .settings import Settings
 
 
@@ -123,31 +130,49 @@ def split(n: int, seed: int, test_share: float = 0.1) -> np.ndarray:
     return mask
 
 
+PROTOCOLS = ("forward", "random")
+BLOCKS = 10
+
+
+def folds(n: int, protocol: str = "forward", seeds: int = 10) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(seed, train mask, test mask) per fold. ``forward``: 10 contiguous blocks in file order,
+    block k = rows [k n/10, (k+1) n/10); for k = 2..9, train on blocks 0..k-1, test on block k.
+    ``random``: ``seeds`` random 90/10 splits."""
+    if protocol == "random":
+        return [(seed, ~m, m) for seed in range(seeds) for m in (split(n, seed),)]
+    if protocol != "forward":
+        raise ValueError(f"protocol must be one of {PROTOCOLS}")
+    edges = [k * n // BLOCKS for k in range(BLOCKS + 1)]
+    rows = np.arange(n)
+    return [(k, rows < edges[k], (rows >= edges[k]) & (rows < edges[k + 1])) for k in range(2, BLOCKS)]
+
+
 def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
                    config: trainer.TrainConfig | None = None, reference: bool = True,
-                   max_per_bucket: int | None = None, keep_predictions: bool = False) -> dict:
-    """Run the §1 protocol on one trace; returns the per-target result (the --json shape).
+                   max_per_bucket: int | None = None, keep_predictions: bool = False,
+                   protocol: str = "forward") -> dict:
+    """Run a §1 protocol on one trace; returns the per-target result (the --json shape).
 
-    With ``keep_predictions`` each target also carries ``"_pred"``/``"_actual"`` arrays pooled
-    over seeds (for plots); they are removed before JSON output.
+    Per fold, ours and (with ``reference``) both baselines are trained on the same sampled
+    rows and scored on the fold's test rows whose target is > 0. With ``keep_predictions`` each
+    target also carries ``"_pred"``/``"_actual"`` arrays pooled over folds (for plots); they are
+    removed before JSON output.
     """
     cfg = config or production_config(quantile)
-    ref_cfg = trainer.TrainConfig(model_type="xgboost", objective="quantile", quantile=quantile, recipe="upstream",
-                                  calibrate=False)
     cap = max_per_bucket or Settings().max_training_data_size_per_bucket
-    acc: dict[str, dict[str, list]] = {t: {"pinball": [], "coverage": [], "mape": [], "ref_pinball": [],
-                                           "ref_coverage": [], "hit": [], "regime": [], "pred": [], "actual": []}
-                                       for t in TARGETS}
-    for seed in range(seeds):
-        test = split(len(trace), seed)
-        tr = sample_training_rows(trace.raw[~test], trace.ttft[~test], trace.tpot[~test], trace.ts[~test], cap)
+    keys = ("pinball", "coverage", "mape", "hit", "regime", "pred", "actual")
+    acc: dict[str, dict[str, list]] = {t: {k: [] for k in keys} for t in TARGETS}
+    base_acc: dict[str, dict[str, dict[str, list]]] = {t: {b: {"pinball": [], "coverage": []} for b in BASELINES}
+                                                       for t in TARGETS}
+    for seed, train, test in folds(len(trace), protocol, seeds):
+        tr = sample_training_rows(trace.raw[train], trace.ttft[train], trace.tpot[train], trace.ts[train], cap)
         raw_te = trace.raw[test]
         res = trainer.train_models(tr.raw, tr.ttft, tr.tpot, config=trainer.with_config(cfg, seed=seed), ts=tr.ts)
-        ours = dict(zip(TARGETS, trainer.loaded_bundle(res).predict(raw_te)))
-        ref = None
+        ours = dict(zip(TARGETS, trainer.loaded_bundle(res).predict(raw_te))) if res.models else {}
+        base: dict[str, dict[str, np.ndarray]] = {}
         if reference:
-            rres = trainer.train_models(tr.raw, tr.ttft, tr.tpot, config=trainer.with_config(ref_cfg, seed=seed))
-            ref = dict(zip(TARGETS, trainer.loaded_bundle(rres).predict(raw_te)))
+            base["upstream"] = upstream_predictions(tr.raw, tr.ttft, tr.tpot, raw_te, quantile, seed)
+            base["linear"] = linear_predictions(tr.raw, tr.ttft, tr.tpot, raw_te, quantile)
         reg = regimes(raw_te)
         for t in TARGETS:
             y = trace.target(t)[test]
@@ -156,17 +181,17 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
                 continue
             a = acc[t]
             e = trainer.evaluate_predictions(y[m], ours[t][m], quantile)
-            a["pinball"].append(e["pinball"])
-            a["coverage"].append(e["coverage"])
-            a["mape"].append(e["mape"])
+            for k in ("pinball", "coverage", "mape"):
+                a[k].append(e[k])
             a["hit"].append(y[m] <= ours[t][m])
             a["regime"].append(reg[m])
             a["pred"].append(ours[t][m])
             a["actual"].append(y[m])
-            if ref is not None:
-                r = trainer.evaluate_predictions(y[m], ref[t][m], quantile)
-                a["ref_pinball"].append(r["pinball"])
-                a["ref_coverage"].append(r["coverage"])
+            for b, pred in base.items():
+                if t in pred:
+                    r = trainer.evaluate_predictions(y[m], pred[t][m], quantile)
+                    base_acc[t][b]["pinball"].append(r["pinball"])
+                    base_acc[t][b]["coverage"].append(r["coverage"])
     out: dict[str, dict] = {}
     for t in TARGETS:
         a = acc[t]
@@ -182,84 +207,18 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
                                    for i, name in enumerate(REGIME_NAMES) if (reg == i).any()},
             "mape": float(np.nanmean(a["mape"])),
         }
-        if a["ref_pinball"]:
-            res_t["reference"] = {"pinball": float(np.mean(a["ref_pinball"])),
-                                  "coverage": float(np.mean(a["ref_coverage"]))}
+        baselines = {b: {"pinball": float(np.mean(v["pinball"])), "coverage": float(np.mean(v["coverage"]))}
+                     for b, v in base_acc[t].items() if v["pinball"]}
+        if baselines:
+            res_t["baselines"] = baselines
+            if "upstream" in baselines:
+                res_t["reference"] = dict(baselines["upstream"])
         if keep_predictions:
             res_t["_pred"] = np.concatenate(a["pred"])
             res_t["_actual"] = np.concatenate(a["actual"])
             res_t["_regime_n"] = {name: int((reg == i).sum()) for i, name in enumerate(REGIME_NAMES)}
         out[t] = res_t
     return out
-
-
-def write_plots(name: str, target: str, res: dict, quantile: float, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pred, actual = res["_pred"], res["_actual"]
-    paths = []
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(pred, actual, s=4, alpha=0.4)
-    hi = float(max(pred.max(), actual.max()))
-    lo = float(max(min(pred.min(), actual.min()), 1e-3))
-    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"predicted p{quantile * 100:g} {target} (ms)")
-    ax.set_ylabel(f"actual {target} (ms)")
-    ax.set_title(f"{name} {target}: coverage {res['coverage']:.1f}%")
-    ax.legend(loc="upper left")
-    paths.append(_save(fig, out_dir / f"{name}-{target}-calibration.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    edges = np.unique(np.quantile(pred, np.linspace(0, 1, 11)))
-    idx = np.clip(np.searchsorted(edges, pred, side="right") - 1, 0, max(len(edges) - 2, 0))
-    xs, cov = [], []
-    for b in range(max(len(edges) - 1, 1)):
-        m = idx == b
-        if m.any():
-            xs.append(float(np.median(pred[m])))
-            cov.append(float(np.mean(actual[m] <= pred[m]) * 100.0))
-    ax.plot(range(len(xs)), cov, "o-", label="observed coverage")
-    ax.axhline(quantile * 100.0, color="k", ls="--", lw=1, label=f"target {quantile * 100:g}%")
-    ax.set_xticks(range(len(xs)))
-    ax.set_xticklabels([f"{x:.3g}" for x in xs], rotation=45, fontsize=7)
-    ax.set_xlabel(f"predicted {target} decile (median, ms)")
-    ax.set_ylabel("coverage (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"{name} {target}: reliability by predicted decile")
-    ax.legend(loc="lower right")
-    paths.append(_save(fig, out_dir / f"{name}-{target}-reliability.png"))
-    return paths
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def format_table(results: dict[str, dict], quantile: float) -> str:
-    lines = [f"{'trace':<24} {'target':<6} {'n':>6} {'pinball':>16} {'ref pinball':>11} {'ratio':>6} "
-             f"{'coverage':>9} {'ref cov':>8} {'MAPE':>7}  coverage by regime"]
-    for name, per in results.items():
-        for t, r in per.items():
-            ref = r.get("reference") or {}
-            rp = ref.get("pinball", float("nan"))
-            ratio = r["pinball"] / rp if rp else float("nan")
-            regs = " ".join(f"{k}={v:.1f}" for k, v in r["coverage_by_regime"].items())
-            lines.append(f"{name:<24} {t:<6} {r['n']:>6} {r['pinball']:>9.4g} ± {r['pinball_std']:<5.3g}"
-                         f"{rp:>11.4g} {ratio:>6.3f} {r['coverage']:>8.1f}% {ref.get('coverage', float('nan')):>7.1f}%"
-                         f" {r['mape']:>6.1f}%  {regs}")
-    lines.append(f"(quantile {quantile}; targets: coverage {quantile * 100:g} ± 2%, pinball <= 0.9 x reference)")
-    return "\n".join(lines)
 
 
 def parse_params(items: Sequence[str]) -> dict[str, Any]:
@@ -286,7 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description="Accuracy of the production training path vs the reference recipe "
                                             "(docs/evaluation.md §1) on recorded traces of training entries.")
     p.add_argument("traces", nargs="+", metavar="TRACE.jsonl")
-    p.add_argument("--seeds", type=int, default=10, help="random 90/10 splits (default 10)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="forward",
+                   help="forward (default): train on the past blocks of the trace, predict the next one; "
+                        "random: random 90/10 splits (comparable with published llm-d figures)")
+    p.add_argument("--seeds", type=int, default=10, help="random 90/10 splits with --protocol random (default 10)")
     p.add_argument("--quantile", type=float, default=0.9)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plots", metavar="DIR", help="write calibration and reliability PNGs into DIR")
@@ -321,15 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for tr in traces:
         res = evaluate_trace(tr, seeds=args.seeds, quantile=args.quantile, config=cfg,
-                             keep_predictions=bool(args.plots))
+                             keep_predictions=bool(args.plots), protocol=args.protocol)
         if args.plots:
             for t, r in res.items():
                 write_plots(tr.name, t, r, args.quantile, Path(args.plots))
         results[tr.name] = {t: {k: v for k, v in r.items() if not k.startswith("_")} for t, r in res.items()}
     if args.json:
-        print(json.dumps({"traces": results}))
+        print(json.dumps({"protocol": args.protocol, "traces": results}))
     else:
-        print(format_table(results, args.quantile))
+        print(format_table(results, args.quantile, args.protocol))
     return 0
 
 

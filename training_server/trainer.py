@@ -14,12 +14,15 @@ than ``config.min_rows`` rows gets no model (E2E data: a TTFT model only, mode "
 Recipes:
 * ``"default"`` (ours): XGBoost/LightGBM on ``FEATURES`` with the monotone constraints of
   ``features.matrix`` (``TrainConfig.monotone``, on by default; XGBoost, or LightGBM with the mean
-  objective: LightGBM refuses them with the quantile objective), tuned for small data, plus
-  split-conformal calibration (:mod:`training_server.calibration`): the model is
-  first fitted on ``1 - calibration_share`` of the rows, the additive offset (ms) that makes
-  (sample-weighted) coverage on the remaining rows equal the quantile is computed (globally and
-  per load regime with enough rows, made monotone across regimes), then, for small data (< ``refit_below`` rows), the model is
-  refitted on all rows and the offset kept.
+  objective: LightGBM refuses them with the quantile objective), tuned for small data, over a
+  *base*: the fitted prior (a non-negative linear quantile model of queued work,
+  ``features.prior``), so predictions keep growing past the largest work seen in training; and
+  calibrated forward (:mod:`training_server.target_fit`): the newest ``calibration_share`` of
+  the rows (in time order) are held out, the model is fitted on the older ones, the better base
+  link is chosen and a multiplicative conformal factor (globally and per load regime with enough
+  rows, monotone across regimes; :mod:`training_server.calibration`) makes held-out coverage
+  equal the quantile; for small data (< ``refit_below`` rows) the model is then refitted on all
+  rows and the calibration kept.
 * ``"upstream"``: the llm-d reference recipe of docs/evaluation.md §1 (exact hyper-parameters,
   ``UPSTREAM_FEATURES``, no constraints, no calibration), for comparisons.
 """
@@ -34,12 +37,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from features.bundle import make_version
-from features.matrix import FEATURE_SETS, REGIME_NAMES, TARGETS, model_matrix, monotone_constraints, regimes, \
-    schema_description
-from features.prior import DEFAULT_PRIOR, PRIOR_FEATURES
+from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints, schema_description
+from features.prior import DEFAULT_PRIOR, FLOOR_FEATURES, LINKS, MIN_SLOPE_SHARE, PRIOR_FEATURES, fit_linear_quantile
 from features.schema import SCHEMA_VERSION
 
 from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
+from .scoring import evaluate_bundle, evaluate_predictions, pinball_loss  # noqa: F401 (re-exported)
+from .target_fit import fit_target
 
 RECIPES = ("default", "upstream")
 FILE_EXT = {"xgboost": ("ubj", "xgboost-ubj"), "lightgbm": ("txt", "lightgbm-text")}
@@ -72,9 +76,8 @@ class TrainConfig:
     calibrate: bool = True           # conformal offset (quantile objective, default recipe)
     calibration_share: float = 0.2
     min_rows: int = 30               # fewer rows with a target -> no model for it
-    #: with calibration, below this many rows the final model is refitted on all rows (the
-    #: calibration rows are too precious to leave out); at or above it, the model fitted on
-    #: the non-calibration rows is shipped as is (half the training time, exact calibration)
+    #: with calibration, below this many rows the final model is refitted on all rows (the calibration
+    #: rows are too precious to leave out); at or above it, the calibrated model is shipped as is
     refit_below: int = 20_000
     params: Mapping[str, Any] | None = None  # hyper-parameter overrides (library names)
     #: per target, the residual below which _pinball_objective's curvature stops growing, as a
@@ -87,6 +90,18 @@ class TrainConfig:
     #: random-split protocol: on sharegpt-h200 TTFT pinball rises ~35% (the KV constraint
     #: forbids memorising stall bursts by their exact KV value); neutral on simulator traces.
     monotone: bool = True
+    #: default recipe: past the largest work seen in training, predictions keep growing at the
+    #: slopes of the fitted prior (features.prior) instead of flattening at the last tree split
+    base: bool = True
+    base_rows: int = 4000            # newest rows the base's linear program is fitted on
+    #: conformal calibration: "scale" (multiplicative, grows with the level) or "offset" (ms)
+    calibration_kind: str = "scale"
+    #: how the trees combine with the base (features.prior.LINKS), or "auto": the better of them
+    #: on the newest held-out rows (training_server.target_fit)
+    base_link: str = "auto"
+    #: per target, the conformal calibration rows: "newest" (time order) or "both" (the larger
+    #: correction of the newest and of a random share; training_server.target_fit)
+    calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "both"})
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
@@ -99,6 +114,10 @@ class TrainConfig:
             raise ValueError(f"recipe must be one of {RECIPES}")
         if not 0 < self.calibration_share < 0.9:
             raise ValueError("calibration_share must be in (0, 0.9)")
+        if self.base_link not in ("auto", *LINKS):
+            raise ValueError(f"base_link must be 'auto' or one of {LINKS}")
+        if self.calibration_kind not in ("scale", "offset"):
+            raise ValueError("calibration_kind must be 'scale' or 'offset'")
         if self.nthread < 1 or self.min_rows < 2:
             raise ValueError("nthread must be >= 1 and min_rows >= 2")
 
@@ -116,6 +135,7 @@ class TrainResult:
     calibration: dict[str, dict]             # target -> {"offset_ms", "scale", ["by_regime"]}
     n_train: dict[str, int]
     train_seconds: float
+    base: dict[str, dict] = field(default_factory=dict)  # target -> {"intercept", "coef", "link"}
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     @property
@@ -125,46 +145,6 @@ class TrainResult:
     @property
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t in TARGETS if t in self.models)
-
-
-# ---- metrics -----------------------------------------------------------------------------
-def pinball_loss(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> float:
-    d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
-    return float(np.mean(np.maximum(quantile * d, (quantile - 1.0) * d))) if d.size else float("nan")
-
-
-def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> dict:
-    """{"pinball" (ms), "coverage" (% of actuals <= prediction), "mape" (%), "n"}."""
-    y = np.asarray(y_true, dtype=np.float64).reshape(-1)
-    p = np.asarray(y_pred, dtype=np.float64).reshape(-1)
-    n = int(y.size)
-    if n == 0:
-        return {"pinball": float("nan"), "coverage": float("nan"), "mape": float("nan"), "n": 0}
-    pos = y > 0
-    mape = float(np.mean(np.abs(y[pos] - p[pos]) / y[pos]) * 100.0) if pos.any() else float("nan")
-    return {"pinball": pinball_loss(y, p, quantile), "coverage": float(np.mean(y <= p) * 100.0), "mape": mape, "n": n}
-
-
-def evaluate_bundle(bundle, raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, quantile: float | None = None,
-                    by_regime: bool = True) -> dict[str, dict]:
-    """Score a LoadedBundle on rows (zeros = absent) per target, overall and per load regime."""
-    q = bundle.quantile if quantile is None else quantile
-    out: dict[str, dict] = {}
-    if len(raw) == 0:
-        return out
-    pred = dict(zip(TARGETS, bundle.predict(raw)))
-    reg = regimes(raw)
-    for t, y in (("ttft", ttft), ("tpot", tpot)):
-        m = y > 0
-        if not m.any():
-            continue
-        res = evaluate_predictions(y[m], pred[t][m], q)
-        res["residual_std"] = float(np.std(y[m] - pred[t][m]))
-        if by_regime:
-            res["by_regime"] = {name: evaluate_predictions(y[m & (reg == i)], pred[t][m & (reg == i)], q)
-                                for i, name in enumerate(REGIME_NAMES) if (m & (reg == i)).any()}
-        out[t] = res
-    return out
 
 
 # ---- fitting ----------------------------------------------------------------------------
@@ -229,8 +209,9 @@ def _lgb_params(cfg: TrainConfig, names: tuple[str, ...], target: str) -> tuple[
 
 
 def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, names: tuple[str, ...],
-         target: str, stop: Callable[[], bool] | None = None) -> tuple[bytes, Any]:
-    """Fit one model; returns (native bytes, predict function on a model matrix)."""
+         target: str, stop: Callable[[], bool] | None = None, level_scale: float | None = None) -> tuple[bytes, Any]:
+    """Fit one model; returns (native bytes, predict function on a model matrix). ``level_scale``:
+    the typical size of the target when ``y`` is a residual (the pinball curvature floor)."""
     if cfg.model_type == "xgboost":
         import xgboost as xgb
 
@@ -243,7 +224,8 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
         obj = None
         if _constrained_quantile(cfg):
             params["base_score"] = float(np.quantile(y, cfg.quantile))
-            delta = float(cfg.pinball_delta.get(target, 1e-3)) * float(np.median(np.abs(y)))
+            typical = float(np.median(np.abs(y))) if level_scale is None else level_scale
+            delta = float(cfg.pinball_delta.get(target, 1e-3)) * typical
             obj = _pinball_objective(cfg.quantile, max(delta, 1e-9), w)
         booster = xgb.train(params, dtrain, num_boost_round=rounds, obj=obj,
                             callbacks=[_Stop()] if stop else None)
@@ -264,34 +246,24 @@ def _fit(cfg: TrainConfig, x: np.ndarray, y: np.ndarray, w: np.ndarray | None, n
     return text, lambda m: np.asarray(booster.predict(m, num_threads=cfg.nthread), dtype=np.float64).reshape(-1)
 
 
-def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 20_000,
-              seed: int = 0) -> dict:
-    """Non-negative least squares on PRIOR_FEATURES, intercept shifted to the quantile of residuals."""
-    from scipy.optimize import nnls
-
+def fit_prior(raw: np.ndarray, y: np.ndarray, target: str, quantile: float, max_rows: int = 4000,
+              weights: np.ndarray | None = None) -> dict:
+    """The bundle's prior and the learned model's base (``features.prior``): a quantile linear
+    model on PRIOR_FEATURES, coefficients >= 0 (slope floors on FLOOR_FEATURES), newest rows."""
     names = PRIOR_FEATURES[target]
     if len(y) > max_rows:
-        idx = np.random.default_rng(seed).choice(len(y), max_rows, replace=False)
-        raw, y = raw[idx], y[idx]
-    x = model_matrix(raw, target, names)
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
-    a = np.hstack([x / scale, np.ones((len(y), 1))])
-    sol, _ = nnls(a, y, maxiter=50 * a.shape[1])
-    coef = sol[:-1] / scale
-    intercept = float(sol[-1])
-    pred = x @ coef + intercept
-    intercept += float(np.quantile(y - pred, quantile))
+        raw, y = raw[-max_rows:], y[-max_rows:]
+        weights = None if weights is None else weights[-max_rows:]
+    rise = MIN_SLOPE_SHARE * float(np.median(y)) * np.array([n in FLOOR_FEATURES[target] for n in names])
+    intercept, coef = fit_linear_quantile(model_matrix(raw, target, names), y, quantile, weights, min_rise=rise)
     return {"intercept": intercept, "coef": {n: float(c) for n, c in zip(names, coef)}}
 
 
-def _deterministic_split(n: int, share: float, seed: int) -> np.ndarray:
-    """Boolean mask of calibration rows (``share`` of n), reproducible from ``seed``."""
-    mask = np.zeros(n, dtype=bool)
-    k = int(round(n * share))
-    if k:
-        mask[np.random.default_rng(seed).permutation(n)[:k]] = True
-    return mask
-
+def _time_order(n: int, ts: np.ndarray | None) -> np.ndarray:
+    """Row indices oldest first: by timestamp, ties (and rows without one) in the given order."""
+    if ts is None:
+        return np.arange(n)
+    return np.argsort(np.asarray(ts, dtype=np.float64), kind="stable")
 
 class TrainingStopped(Exception):
     """``train_models`` was asked to stop (``stop()`` returned True) before finishing."""
@@ -302,10 +274,11 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
                  stop: Callable[[], bool] | None = None) -> TrainResult:
     """Train one model per target with enough rows; see the module docstring.
 
-    ``ts`` (epoch s) is accepted for recency-aware callers; rows are used as given (the
-    caller's sampling decides recency). ``weights`` are per-row sample weights. ``stop`` is
-    polled after every boosting round; when it returns True, TrainingStopped is raised
-    (a server shutting down never waits for a whole training run).
+    ``ts`` (epoch s) orders the rows in time (ties and missing timestamps: the given order, which
+    is arrival order for the store and the traces): the base is fitted on the newest rows, the
+    calibration rows are the newest ones. ``weights``: per-row sample weights. ``stop`` is polled
+    after every boosting round; when it returns True, TrainingStopped is raised (shutdown never
+    waits for a whole training run).
     """
     t0 = time.perf_counter()
     raw = np.asarray(raw, dtype=np.float64)
@@ -324,7 +297,12 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     prior: dict[str, dict] = {}
     n_train: dict[str, int] = {}
     names_used: dict[str, tuple[str, ...]] = {}
-    for ti, target in enumerate(TARGETS):
+    bases: dict[str, dict] = {}
+    order = _time_order(raw.shape[0], ts)
+    raw = raw[order]
+    targets_y = {t: y[order] for t, y in targets_y.items()}
+    w_all = None if w_all is None else w_all[order]
+    for target in TARGETS:
         y_all = targets_y[target]
         m = y_all > 0
         n = int(m.sum())
@@ -337,22 +315,19 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
         r, y = raw[m], y_all[m]
         w = None if w_all is None else w_all[m]
         prior[target] = fit_prior(r, y, target, config.quantile if config.objective == "quantile" else 0.5,
-                                  seed=config.seed)
+                                  max_rows=config.base_rows, weights=w)
         x = model_matrix(r, target, names)
-        do_cal = (config.calibrate and config.recipe == "default" and config.objective == "quantile"
-                  and n * config.calibration_share >= 20)
-        if do_cal:
-            cal = _deterministic_split(n, config.calibration_share, config.seed + 7919 * ti)
-            fitted, predict = _fit(config, x[~cal], y[~cal], None if w is None else w[~cal], names, target, stop)
-            resid = y[cal] - predict(x[cal])
-            calibration[target] = conformal_spec(target, resid, regimes(r[cal]), config.quantile,
-                                                 weights=None if w is None else w[cal])
-        if do_cal and n >= config.refit_below:
-            models[target] = fitted  # plenty of rows: the calibrated model itself, no second fit
-        else:
-            models[target], _ = _fit(config, x, y, w, names, target, stop)
+        use_base = config.base and config.recipe == "default"
+        models[target], base, cal = fit_target(
+            config, lambda xf, yf, wf, scale: _fit(config, xf, yf, wf, names, target, stop, scale),
+            r, x, y, w, names, target, prior[target] if use_base else None)
+        if base is not None:
+            bases[target] = base
+        if cal is not None:
+            calibration[target] = cal
     return TrainResult(config=config, models=models, feature_names=names_used, prior=prior,
-                       calibration=calibration, n_train=n_train, train_seconds=time.perf_counter() - t0)
+                       calibration=calibration, n_train=n_train, train_seconds=time.perf_counter() - t0,
+                       base=bases)
 
 
 # ---- bundles ----------------------------------------------------------------------------
@@ -382,6 +357,7 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
         "mode": result.mode,
         "models": models,
         "prior": result.prior,
+        **({"base": {t: b for t, b in result.base.items() if t in result.models}} if result.base else {}),
         "calibration": {t: c for t, c in result.calibration.items() if t in result.models},
         "training": {t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))}
                      for t in TARGETS},

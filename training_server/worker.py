@@ -410,8 +410,11 @@ class RetrainWorker:
                           and served.quantile == result.config.quantile
                           and tuple(names.get(t) or ()) == tuple(result.feature_names[t]))
             result.prior[t] = m["prior"][t]
+            result.base.pop(t, None)
             if compatible:
                 result.models[t] = files[spec["file"]]
+                if t in (m.get("base") or {}):  # the served model's own base goes with it
+                    result.base[t] = m["base"][t]
                 cal = (m.get("calibration") or {}).get(t)
                 if cal:
                     result.calibration[t] = cal

@@ -76,6 +76,12 @@ _add(Scenario("high-kv", "long prompts (median 16k tokens, Poisson) on 2 Llama-3
               lambda seed: W.synthetic_poisson(2500, rate=1.0, seed=seed, input_median=16_000, input_sigma=0.6,
                                                output_median=400, max_input=100_000, system_prompt_share=0.3),
               _pool("llama3-8b-a100", 2, kv_capacity_tokens=200_000)))
+_add(Scenario("ramp", "chat-like requests (median prompt 2k tokens, Poisson) whose rate rises linearly over the run; "
+              "at load L the load ramps from 0.53 L to 1.47 L (load 0.95: 0.5 -> 1.4 of capacity) on 2 Llama-3-8B / "
+              "A100 servers with a 120k-token KV cache: queues, KV pressure and preemptions build past anything "
+              "seen earlier", lambda seed: W.synthetic_ramp(2400, seed=seed, input_median=2000, input_sigma=0.8,
+                                                              output_median=250, system_prompt_share=0.3),
+              _pool("llama3-8b-a100", 2, kv_capacity_tokens=120_000)))
 _add(Scenario("llama70b", "Mooncake conversation trace (first 4,000 requests) on 4 Llama-2-70B / H100 TP4 servers",
               _mooncake("conversation", 4000), _pool("llama2-70b-h100-tp4", 4),
               slo_classes=(W.SloClass(ttft_ms=1000.0, ttft_slowdown=3.0, tpot_ms=120.0),)))

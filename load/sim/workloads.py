@@ -287,6 +287,23 @@ def synthetic_sessions(n_sessions: int, rate: float = 0.2, seed: int = 0, turns_
     return out
 
 
+def synthetic_ramp(n: int, seed: int = 0, start: float = 0.5, end: float = 1.4, **kw) -> list[Arrival]:
+    """Chat-like requests (as :func:`synthetic_poisson`, ``kw`` passed on) whose arrival rate
+    rises linearly from ``start`` to ``end`` x the mean rate over the run: scaled to a load of
+    ``(start + end) / 2`` of capacity, the load ramps from ``start`` to ``end`` (queues and KV
+    pressure building past anything seen earlier in the trace). Deterministic in ``seed``."""
+    base = synthetic_poisson(n, rate=1.0, seed=seed, **kw)   # unit-rate arrival times, lengths
+    span = base[-1].time_s
+    mean = (start + end) / 2.0
+    a, b = start / mean, (end - start) / mean / span          # rate(t) = a + b t, mean 1 over the span
+    out = []
+    for arr in base:                                          # invert the cumulative rate a t + b t^2 / 2
+        u = arr.time_s
+        t = (-a + math.sqrt(a * a + 2.0 * b * u)) / b if b > 0 else u / a
+        out.append(arr._replace(time_s=t))
+    return out
+
+
 # -- load scaling ---------------------------------------------------------------------------
 def ideal_hit_tokens(arrivals: Sequence[Arrival]) -> list[int]:
     """Prompt tokens each request could reuse from an infinite cache shared by all earlier requests."""

@@ -1,0 +1,105 @@
+"""Predictions beyond anything seen in training (issue 11).
+
+The simulator's ramp trace (recorded by this repository: ``load.record_traces``) takes load
+from 0.5 to 1.4 of capacity; a model trained on its first half has seen queues only up to a
+point. Through the served bundle (written, read back, loaded by the prediction server's
+LoadedBundle), TTFT keeps rising at 2x, 5x and 10x the largest queued work seen in training,
+and TPOT at 2x, 5x and 10x the largest number of running requests; and the forward protocol
+on the ramp covers what a tree model alone cannot.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from features.bundle import BundleError, make_version, read_bundle, validate_manifest, write_bundle
+from features.schema import COL
+from load import record_traces
+from prediction_server.model import LoadedBundle
+from training_server import evaluate, trainer
+
+from conftest import SHAREGPT
+
+QUEUE = ("num_request_waiting", "prefill_tokens_in_flight")   # queued work ahead of a request
+BATCH = ("num_request_running", "decode_tokens_in_flight")    # the decode batch
+
+
+@pytest.fixture(scope="module")
+def ramp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ramp")
+    assert record_traces.main([str(out), "--only", "sim-ramp"]) == 0
+    return evaluate.read_trace(out / "sim-ramp.jsonl")
+
+
+def _served(tmp_path, raw, ttft, tpot, **cfg) -> LoadedBundle:
+    result = trainer.train_models(raw, ttft, tpot, config=evaluate.production_config(**cfg))
+    manifest, files = trainer.build_bundle(result, make_version(1))
+    return LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, manifest, files)))
+
+
+def test_the_ramp_trace_is_deterministic_and_ramps(ramp, tmp_path):
+    assert record_traces.main([str(tmp_path), "--only", "sim-ramp"]) == 0
+    again = evaluate.read_trace(tmp_path / "sim-ramp.jsonl")
+    np.testing.assert_array_equal(again.raw, ramp.raw)
+    np.testing.assert_array_equal(again.ttft, ramp.ttft)
+    n = len(ramp)
+    wait = ramp.raw[:, COL["num_request_waiting"]]
+    kv = ramp.raw[:, COL["kv_cache_percentage"]]
+    # light load first, then queues and a full KV cache (preemptions) past anything seen before
+    assert wait[: n // 10].max() <= 5 and wait[-n // 10:].max() > 10 * max(1.0, wait[: n // 2].mean())
+    assert np.median(kv[: n // 10]) < 0.5 and np.median(kv[-n // 10:]) > 0.95
+    first, last = ramp.ttft[: n // 10], ramp.ttft[-n // 10:]
+    assert np.median(last[last > 0]) > 50 * np.median(first[first > 0])
+
+
+@pytest.mark.parametrize("link", ["beyond", "add"])
+@pytest.mark.parametrize("source", ["ramp", "sharegpt"])
+def test_predictions_keep_rising_past_the_largest_work_seen(ramp, tmp_path, link, source):
+    tr = ramp if source == "ramp" else evaluate.read_trace(SHAREGPT)
+    half = len(tr) // 2
+    raw, ttft, tpot = tr.raw[:half], tr.ttft[:half], tr.tpot[:half]
+    bundle = _served(tmp_path, raw, ttft, tpot, base_link=link)
+    assert {t: b["link"] for t, b in bundle.manifest["base"].items()} == {"ttft": link, "tpot": link}
+    for target, cols, rows in ((0, QUEUE, ttft > 0), (1, BATCH, tpot > 0)):
+        seen = raw[rows]
+        top = seen[np.argmax(seen[:, COL[cols[0]]])]  # the busiest row seen, as served features
+        probe = np.repeat(top[None, :], 4, axis=0)
+        for i, mult in enumerate((1.0, 2.0, 5.0, 10.0)):
+            for c in cols:
+                probe[i, COL[c]] = max(1.0, seen[:, COL[c]].max()) * mult
+        y = bundle.predict(probe)[target]
+        assert np.all(np.diff(y) > 0), (("ttft", "tpot")[target], y)
+        # and not by a rounding error: 10x the work costs clearly more than the largest seen
+        assert y[3] > 1.2 * y[0], (("ttft", "tpot")[target], y)
+
+
+def test_forward_protocol_on_the_ramp_covers_where_trees_alone_do_not(ramp, tmp_path):
+    res = evaluate.evaluate_trace(ramp)["ttft"]
+    up, lin = res["baselines"]["upstream"], res["baselines"]["linear"]
+    assert up["coverage"] < 50                       # trees predict a constant past the last queue seen
+    assert 85 <= res["coverage"] <= 95
+    assert res["pinball"] < 0.3 * up["pinball"] and res["pinball"] < 1.5 * lin["pinball"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"link": "log"}, "base.ttft.link"),
+    ({"coef": {"num_request_waiting": -1.0}}, "base.ttft.coef.num_request_waiting"),
+    ({"coef": {"bogus": 1.0}}, "unknown feature 'bogus'"),
+    ({"upper": {}}, "base.ttft.upper"),
+    ({"upper": {"num_request_waiting": "x"}}, "base.ttft.upper"),
+])
+def test_a_malformed_base_is_refused_naming_the_field(tmp_path, change, needle):
+    tr = evaluate.read_trace(SHAREGPT)
+    result = trainer.train_models(tr.raw[:600], tr.ttft[:600], tr.tpot[:600],
+                                  config=evaluate.production_config(base_link="beyond"))
+    manifest, files = trainer.build_bundle(result, make_version(3))
+    good = json.loads(json.dumps(manifest))
+    validate_manifest(good)
+    bad = json.loads(json.dumps(manifest))
+    bad["base"]["ttft"] = {"intercept": 1.0, "coef": {"num_request_waiting": 1.0}, "link": "beyond",
+                           "upper": {"num_request_waiting": 3.0}}
+    bad["base"]["ttft"].update(change)
+    with pytest.raises(BundleError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        validate_manifest(bad)

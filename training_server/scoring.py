@@ -1,0 +1,45 @@
+"""Scores of quantile predictions: pinball loss, coverage, MAPE, per target and load regime."""
+from __future__ import annotations
+
+import numpy as np
+
+from features.matrix import REGIME_NAMES, TARGETS, regimes
+
+
+def pinball_loss(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> float:
+    d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
+    return float(np.mean(np.maximum(quantile * d, (quantile - 1.0) * d))) if d.size else float("nan")
+
+
+def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> dict:
+    """{"pinball" (ms), "coverage" (% of actuals <= prediction), "mape" (%), "n"}."""
+    y = np.asarray(y_true, dtype=np.float64).reshape(-1)
+    p = np.asarray(y_pred, dtype=np.float64).reshape(-1)
+    n = int(y.size)
+    if n == 0:
+        return {"pinball": float("nan"), "coverage": float("nan"), "mape": float("nan"), "n": 0}
+    pos = y > 0
+    mape = float(np.mean(np.abs(y[pos] - p[pos]) / y[pos]) * 100.0) if pos.any() else float("nan")
+    return {"pinball": pinball_loss(y, p, quantile), "coverage": float(np.mean(y <= p) * 100.0), "mape": mape, "n": n}
+
+
+def evaluate_bundle(bundle, raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, quantile: float | None = None,
+                    by_regime: bool = True) -> dict[str, dict]:
+    """Score a LoadedBundle on rows (zeros = absent) per target, overall and per load regime."""
+    q = bundle.quantile if quantile is None else quantile
+    out: dict[str, dict] = {}
+    if len(raw) == 0:
+        return out
+    pred = dict(zip(TARGETS, bundle.predict(raw)))
+    reg = regimes(raw)
+    for t, y in (("ttft", ttft), ("tpot", tpot)):
+        m = y > 0
+        if not m.any():
+            continue
+        res = evaluate_predictions(y[m], pred[t][m], q)
+        res["residual_std"] = float(np.std(y[m] - pred[t][m]))
+        if by_regime:
+            res["by_regime"] = {name: evaluate_predictions(y[m & (reg == i)], pred[t][m & (reg == i)], q)
+                                for i, name in enumerate(REGIME_NAMES) if (m & (reg == i)).any()}
+        out[t] = res
+    return out
