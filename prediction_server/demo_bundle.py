@@ -107,7 +107,7 @@ def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
         "mode": "streaming",
         "models": models,
         "prior": DEFAULT_PRIOR,
-        "base": demo_base(),
+        "base": {} if kind == "prior" else demo_base(),
         "training": {t: {"n_train": 0, "n_test": 0} for t in TARGETS},
         "metrics": metrics,
     }
