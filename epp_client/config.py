@@ -15,7 +15,8 @@ Accepted shape (YAML text or the decoded dict)::
       - pluginRef: latency-scorer
         weight: 1
 
-Producers and admitters are global (they run before every profile) whether or not a
+Plugin types are the registered ones (``plugins.registry.discover``), each placed by the
+role it declares when it registers. Producers and admitters are global (they run before every profile) whether or not a
 profile references them. A profile without a picker gets the first configured picker, or
 a max-score picker. The in-flight accounting (``inflight-load-producer``) is always
 present (upstream auto-creates it); its parameters can be set in the plugin list.
@@ -34,24 +35,12 @@ import yaml
 
 from .flowcontrol.config import FLOW_PLUGIN_TYPES
 from .inflight import InFlightTracker
-from .plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
-from .plugins.deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
-from .plugins.disagg import DisaggProfileHandler
-from .plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
-from .plugins.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
-from .plugins.predicted_decider import PredictedPDDecider
-from .plugins.producer import PredictedLatencyProducer
-from .plugins.roles import DecodeFilter, EncodeFilter, PrefillFilter
-from .plugins.scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer,
-                              QueueScorer)
+from .plugins.pickers import MaxScorePicker
+from .plugins.protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, ProfileHandler, Producer,
+                                Scorer)
+from .plugins.registry import discover, role_of
 from .scheduler import Scheduler, SchedulingProfile, default_profile
 from .types import ConfigError
-
-PLUGIN_TYPES: dict[str, type] = {c.TYPE: c for c in (
-    PredictedLatencyProducer, PrefixCacheAffinityFilter, SloHeadroomTierFilter, LatencyScorer, QueueScorer,
-    KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer, LatencySloAdmitter, ProbabilisticAdmitter,
-    WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker, DecodeFilter, PrefillFilter, EncodeFilter,
-    PrefixBasedPDDecider, AlwaysDisaggPDDecider, PredictedPDDecider, DisaggProfileHandler)}
 
 #: Upstream plugin types accepted and ignored here: the router supplies their data itself
 #: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
@@ -122,43 +111,39 @@ def _load(config: Mapping | str | None) -> dict:
     return dict(config)
 
 
-def _role(plugin: Any) -> str:
-    if isinstance(plugin, PredictedLatencyProducer):
-        return "producer"
-    if isinstance(plugin, InFlightTracker):
-        return "inflight"
+def _role(plugin: Any) -> type | None:
     if isinstance(plugin, _HandlerSpec):
-        return "handler"
-    if callable(getattr(plugin, "disaggregate", None)):
-        return "decider"
-    for role in ("filter", "score", "admit", "pick"):
-        if callable(getattr(plugin, role, None)):
-            return role
-    return "ignored"
+        return ProfileHandler
+    return role_of(plugin)
 
 
 class _HandlerSpec:
-    """A disagg-profile-handler whose decider names are resolved once all plugins exist."""
+    """A profile handler whose decider names are resolved once all plugins exist."""
 
-    def __init__(self, name: str, kwargs: dict) -> None:
-        self.name, self.kwargs = name, kwargs
+    def __init__(self, cls: type, name: str, kwargs: dict) -> None:
+        self.cls, self.name, self.kwargs = cls, name, kwargs
 
-    def build(self, loc: str, instances: dict) -> DisaggProfileHandler:
+    def build(self, loc: str, instances: dict) -> Any:
         kw = dict(self.kwargs)
         for stage in ("prefill", "encode"):
             ref = kw.get(f"{stage}_decider")
             if ref is None:
                 continue
-            if _role(instances.get(ref)) != "decider":
+            if _role(instances.get(ref)) is not PDDecider:
                 raise ConfigError(f"{loc}.parameters.deciders.{stage}", f"{ref!r} is not a decider plugin of this config")
             kw[f"{stage}_decider"] = instances[ref]
-        return DisaggProfileHandler(name=self.name, **kw)
+        return self.cls(name=self.name, **kw)
 
 
 def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: Any = None,
-                    rng: random.Random | None = None, **producer_kwargs: Any) -> Scheduler:
-    """Build a Scheduler; ``producer_kwargs`` (e.g. ``clock``, ``wall_clock``) go to the producer."""
+                    rng: random.Random | None = None, plugin_types: Mapping[str, type] | None = None,
+                    **producer_kwargs: Any) -> Scheduler:
+    """Build a Scheduler; ``producer_kwargs`` (e.g. ``clock``, ``wall_clock``) go to the plugins
+    that declare them (the producer). ``plugin_types`` (type name -> class) replaces the
+    discovered plugins (:func:`~epp_client.plugins.registry.discover`)."""
     cfg = _load(config)
+    if plugin_types is None:
+        plugin_types = discover()
     plugins_cfg = cfg.get("plugins") or []
     if not isinstance(plugins_cfg, list):
         raise ConfigError("plugins", "must be a list")
@@ -183,33 +168,32 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
             instances[name] = None
             order.append(name)
             continue
-        cls = PLUGIN_TYPES.get(ptype)
+        cls: Any = plugin_types.get(ptype)
         if cls is None:
-            raise ConfigError(f"{loc}.type", f"unknown plugin type {ptype!r} (known: {', '.join(sorted(PLUGIN_TYPES))})")
+            raise ConfigError(f"{loc}.type", f"unknown plugin type {ptype!r} (known: {', '.join(plugin_types)})")
         params = spec.get("parameters")
         try:
-            if cls is DisaggProfileHandler:
-                instances[name] = _HandlerSpec(name, cls.parse_params(params))
+            if role_of(cls) is ProfileHandler:
+                instances[name] = _HandlerSpec(cls, name, cls.parse_params(params))
                 order.append(name)
                 continue
-            if cls is PredictedLatencyProducer:
-                plugin = cls.from_config(params, predictor=predictor, sink=sink, **producer_kwargs)
-            else:
-                plugin = cls.from_config(params, rng=rng if rng is not None else random.Random())
+            # each plugin takes the context it declares (the producer: predictor, sink, clocks)
+            plugin = cls.from_config(params, predictor=predictor, sink=sink,
+                                     rng=rng if rng is not None else random.Random(), **producer_kwargs)
         except ConfigError as e:
             raise ConfigError(f"{loc}.parameters.{e.param.split('.', 1)[-1]}", e.msg) from None
         instances[name] = plugin
         order.append(name)
 
-    producers = [n for n in order if _role(instances[n]) == "producer"]
+    producers = [n for n in order if _role(instances[n]) is Producer]
     if len(producers) > 1:
         raise ConfigError("plugins", f"at most one predicted-latency-producer is supported, got {producers}")
     producer = instances[producers[0]] if producers else None
-    trackers = [instances[n] for n in order if _role(instances[n]) == "inflight"]
+    trackers = [instances[n] for n in order if _role(instances[n]) is InFlightLoadProducer]
     inflight = trackers[0] if trackers else InFlightTracker()
-    admitters = [instances[n] for n in order if _role(instances[n]) == "admit"]
-    pickers = [instances[n] for n in order if _role(instances[n]) == "pick"]
-    handlers = [n for n in order if _role(instances[n]) == "handler"]
+    admitters = [instances[n] for n in order if _role(instances[n]) is Admitter]
+    pickers = [instances[n] for n in order if _role(instances[n]) is Picker]
+    handlers = [n for n in order if _role(instances[n]) is ProfileHandler]
     if len(handlers) > 1:
         raise ConfigError("plugins", f"at most one profile handler is supported, got {handlers}")
     handler = None
@@ -249,11 +233,11 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
                 raise ConfigError(f"{rloc}.weight", f"must be a number, got {weight!r}")
             plugin = instances[pref]
             role = _role(plugin)
-            if role == "filter":
+            if role is Filter:
                 profile.filters.append(plugin)
-            elif role == "score":
+            elif role is Scorer:
                 profile.scorers.append((plugin, float(weight)))
-            elif role == "pick":
+            elif role is Picker:
                 if profile.picker is not None:
                     raise ConfigError(f"{rloc}.pluginRef", "a profile has at most one picker")
                 profile.picker = plugin

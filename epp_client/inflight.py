@@ -19,7 +19,9 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .params import Configurable, Param, ge, gt
+from .params import Plugin, ge, gt, param
+from .plugins.protocols import InFlightLoadProducer
+from .plugins.registry import plugin
 from .types import Endpoint, InFlightLoad, InferenceRequest
 
 PREFILL_PROFILE = "prefill"
@@ -41,22 +43,19 @@ def uncached_prompt_tokens(endpoint: Endpoint, input_tokens: int) -> int:
     return (pm.total_blocks - pm.match_blocks) * pm.block_size_tokens + max(0, input_tokens - total)
 
 
-class InFlightTracker(Configurable):
-    TYPE = "inflight-load-producer"
-    PARAMS = (
-        Param("addEstimatedOutputTokens", "add_estimated_output_tokens", "bool"),
-        Param("outputRatio", "output_ratio", "float", ge(0.0)),
-        Param("maxEstimatedOutputTokens", "max_estimated_output_tokens", "int", gt(0)),
-    )
+@plugin("inflight-load-producer", InFlightLoadProducer)
+class InFlightTracker(Plugin):
+    """What this router dispatched and has not yet released, per endpoint."""
 
-    def __init__(self, add_estimated_output_tokens: bool = False, output_ratio: float = 1.5,
-                 max_estimated_output_tokens: int = 2**31 - 1, max_tracked_requests: int = 1_000_000) -> None:
-        v = self._validated(add_estimated_output_tokens=add_estimated_output_tokens, output_ratio=output_ratio,
-                            max_estimated_output_tokens=max_estimated_output_tokens)
-        self.add_estimated_output_tokens = v["add_estimated_output_tokens"]
-        self.output_ratio = v["output_ratio"]
-        self.max_estimated_output_tokens = v["max_estimated_output_tokens"]
-        self.max_tracked_requests = max_tracked_requests
+    add_estimated_output_tokens: bool = param("addEstimatedOutputTokens", default=False,
+                                              doc="also count the estimated output tokens")
+    output_ratio: float = param("outputRatio", default=1.5, check=ge(0.0),
+                                doc="estimated output tokens per input token")
+    max_estimated_output_tokens: int = param("maxEstimatedOutputTokens", default=2**31 - 1, check=gt(0),
+                                             doc="cap of the estimated output tokens")
+    max_tracked_requests: int = 1_000_000
+
+    def setup(self) -> None:
         self._loads: dict[str, InFlightLoad] = {}
         self._requests: OrderedDict[str, list[_Entry]] = OrderedDict()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..params import Configurable
+from ..params import Plugin
 
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 FAIRNESS_HEADER_ALIAS = "x-gateway-inference-fairness-id"
@@ -34,7 +34,7 @@ def waiting(queues: Sequence[QueueView]) -> list[QueueView]:
     return [q for q in queues if q.length > 0]
 
 
-class GlobalStrictFairness(Configurable):
+class GlobalStrictFairness(Plugin):
     """``global-strict-fairness-policy``: FCFS across flows. The flow whose head request
     was enqueued first dispatches next (ties: the first one given)."""
 
@@ -48,13 +48,13 @@ class GlobalStrictFairness(Configurable):
         return best
 
 
-class RoundRobinFairness(Configurable):
+class RoundRobinFairness(Plugin):
     """``round-robin-fairness-policy``: flows take turns in the order of their ids; the
     flow after the last one served (wrapping around) that has a waiting request goes next."""
 
     TYPE = "round-robin-fairness-policy"
 
-    def __init__(self) -> None:
+    def setup(self) -> None:
         self.last: str | None = None
 
     def pick(self, queues: Sequence[QueueView]) -> QueueView | None:

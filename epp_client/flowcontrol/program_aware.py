@@ -24,10 +24,10 @@ Metrics (``jains_index``, ``avg_wait_ms``, ``attained_service``): Jain's index
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Callable, Sequence
 
-from ..params import Configurable, Param, ge, gt, one_of
+from ..params import Plugin, ge, gt, one_of, param
 from .policies import DEFAULT_FLOW, QueueView, waiting
 
 STRATEGIES = ("las", "turn-priority")
@@ -57,36 +57,23 @@ def jains_index(values: Sequence[float]) -> float:
     return sum(values) ** 2 / (n * sq)
 
 
-class ProgramAwareFairness(Configurable):
+class ProgramAwareFairness(Plugin):
     TYPE = "program-aware-fairness"
-    PARAMS = (
-        Param("strategy", "strategy", "str", one_of(*STRATEGIES)),
-        Param("evictionTtlSeconds", "eviction_ttl_s", "float", ge(0.0)),
-        Param("evictionSweepSeconds", "eviction_sweep_s", "float", gt(0.0)),
-        Param("lasWeightService", "las_weight_service", "float", ge(0.0)),
-        Param("lasWeightHeadWait", "las_weight_head_wait", "float", ge(0.0)),
-        Param("lasHalfLifeSeconds", "las_half_life_s", "float", ge(0.0)),
-        Param("turnPriorityTimeWeight", "turn_priority_time_weight", "float", ge(0.0)),
-    )
-    EXTRA = ("clock",)
 
-    def __init__(self, *, strategy: str = "las", eviction_ttl_s: float = 3600.0, eviction_sweep_s: float = 300.0,
-                 las_weight_service: float = 0.8, las_weight_head_wait: float = 0.2, las_half_life_s: float = 60.0,
-                 turn_priority_time_weight: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
-        v = self._validated(strategy=strategy, eviction_ttl_s=eviction_ttl_s, eviction_sweep_s=eviction_sweep_s,
-                            las_weight_service=las_weight_service, las_weight_head_wait=las_weight_head_wait,
-                            las_half_life_s=las_half_life_s, turn_priority_time_weight=turn_priority_time_weight)
-        self.strategy: str = v["strategy"]
-        self.eviction_ttl_s: float = v["eviction_ttl_s"]
-        self.eviction_sweep_s: float = v["eviction_sweep_s"]
-        self.las_weight_service: float = v["las_weight_service"]
-        self.las_weight_head_wait: float = v["las_weight_head_wait"]
-        self.las_half_life_s: float = v["las_half_life_s"]
-        self.turn_priority_time_weight: float = v["turn_priority_time_weight"]
-        self.clock = clock
+    _: KW_ONLY
+    strategy: str = param("strategy", default="las", check=one_of(*STRATEGIES))
+    eviction_ttl_s: float = param("evictionTtlSeconds", default=3600.0, check=ge(0.0))
+    eviction_sweep_s: float = param("evictionSweepSeconds", default=300.0, check=gt(0.0))
+    las_weight_service: float = param("lasWeightService", default=0.8, check=ge(0.0))
+    las_weight_head_wait: float = param("lasWeightHeadWait", default=0.2, check=ge(0.0))
+    las_half_life_s: float = param("lasHalfLifeSeconds", default=60.0, check=ge(0.0))
+    turn_priority_time_weight: float = param("turnPriorityTimeWeight", default=0.5, check=ge(0.0))
+    clock: Callable[[], float] = time.monotonic
+
+    def setup(self) -> None:
         self.programs: dict[str, ProgramMetrics] = {}
         self._picked: dict[str, float] = {}     # program -> enqueue time of the head Pick chose
-        self._last_sweep = clock()
+        self._last_sweep = self.clock()
         self.evicted = 0
 
     # ---- bookkeeping --------------------------------------------------------------------

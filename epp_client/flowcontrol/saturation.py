@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from ..params import Configurable, Param, ge, gt
+from ..params import Check, Plugin, ge, gt, param
 
 #: flow control holds requests back while the pool's saturation is at or above this
 USAGE_LIMIT = 1.0
@@ -30,24 +30,14 @@ def roofline(waiting: float, kv_cache_usage: float, queue_depth_threshold: float
     return max(waiting / queue_depth_threshold, kv_cache_usage / kv_cache_util_threshold)
 
 
-class UtilizationDetector(Configurable):
+class UtilizationDetector(Plugin):
     TYPE = "utilization-detector"
-    PARAMS = (
-        Param("queueDepthThreshold", "queue_depth_threshold", "int", gt(0)),
-        Param("kvCacheUtilThreshold", "kv_cache_util_threshold", "float",
-              lambda v: None if 0.0 < v <= 1.0 else f"must be in (0, 1], got {v!r}"),
-        Param("metricsStalenessThreshold", "metrics_staleness_s", "duration", gt(0.0)),
-        Param("headroom", "headroom", "float", ge(0.0)),
-    )
 
-    def __init__(self, queue_depth_threshold: int = 5, kv_cache_util_threshold: float = 0.8,
-                 metrics_staleness_s: float = 0.2, headroom: float = 0.0) -> None:
-        v = self._validated(queue_depth_threshold=queue_depth_threshold, kv_cache_util_threshold=kv_cache_util_threshold,
-                            metrics_staleness_s=metrics_staleness_s, headroom=headroom)
-        self.queue_depth_threshold: int = v["queue_depth_threshold"]
-        self.kv_cache_util_threshold: float = v["kv_cache_util_threshold"]
-        self.metrics_staleness_s: float = v["metrics_staleness_s"]
-        self.headroom: float = v["headroom"]
+    queue_depth_threshold: int = param("queueDepthThreshold", default=5, check=gt(0))
+    kv_cache_util_threshold: float = param("kvCacheUtilThreshold", default=0.8,
+                                           check=Check(lambda v: 0.0 < v <= 1.0, "in (0, 1]"))
+    metrics_staleness_s: float = param("metricsStalenessThreshold", default=0.2, check=gt(0.0), kind="duration")
+    headroom: float = param("headroom", default=0.0, check=ge(0.0))
 
     def saturation(self, endpoints: Sequence[EndpointLoad], now: float) -> float:
         if not endpoints:

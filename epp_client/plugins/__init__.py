@@ -1,19 +1,21 @@
 """The predicted-latency plugins and their neighbours (``docs/plugins.md`` Part A.1, Part B).
 
-Protocol (all synchronous except the producer's network calls):
+Each plugin is a class in one module of this package, registered where it is declared::
 
-- filter: ``filter(request, endpoints) -> list[Endpoint]`` (order preserved, never empty
-  for a non-empty input);
-- scorer: ``score(request, endpoints) -> dict[name, float]`` (raw; the profile clamps
-  to [0, 1] and applies the weight);
-- admitter: ``admit(request, endpoints) -> Admission``;
-- picker: ``pick(endpoints, scores) -> list[Endpoint]``.
+    @plugin("latency-scorer", Scorer)          # upstream type name, role (a protocol)
+    class LatencyScorer(Plugin):
+        ttft_weight: float = param("ttftWeight", default=0.8, doc="...")
 
-Constructors take upstream parameters as snake_case keywords (upstream defaults) plus
-``rng`` where random numbers are drawn; ``Class.from_config(params)`` takes the upstream
-camelCase names; invalid parameters raise ``ConfigError`` naming the parameter.
-The ``*ProducerName`` parameters are accepted for config compatibility and ignored: in
-this library each attribute has one source (the fields of :class:`~epp_client.Endpoint`).
+The roles are the protocols of :mod:`.protocols` (filter, scorer, picker, admitter,
+producer, in-flight load producer, P/D decider, profile handler). Parameters are declared
+once, as fields (:mod:`epp_client.params`): constructors take them as snake_case keywords
+with the upstream defaults (plus ``rng`` where random numbers are drawn);
+``Class.from_config(params)`` takes the upstream camelCase names; invalid parameters raise
+``ConfigError`` naming ``type.parameter``. The config builder finds the plugins with
+:func:`.registry.discover`, which imports every module here: adding a plugin is adding a
+module. The ``*ProducerName`` parameters are accepted for config compatibility and
+ignored: in this library each attribute has one source (the fields of
+:class:`~epp_client.Endpoint`).
 """
 from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
@@ -22,6 +24,9 @@ from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
 from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from .predicted_decider import PredictedPDDecider
 from .producer import PredictedLatencyProducer
+from .protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, ProfileHandler, Producer,
+                        RequestLifecycle, Scorer)
+from .registry import discover, plugin
 from .roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer, QueueScorer,
                       composite_scores)
@@ -31,5 +36,6 @@ __all__ = [
     "KVCacheUtilizationScorer", "PrefixCacheScorer", "LoraAffinityScorer", "LatencySloAdmitter",
     "ProbabilisticAdmitter", "WeightedRandomPicker", "MaxScorePicker", "RandomPicker", "composite_scores",
     "DecodeFilter", "PrefillFilter", "EncodeFilter", "PrefixBasedPDDecider", "AlwaysDisaggPDDecider",
-    "PredictedPDDecider", "DisaggProfileHandler",
+    "PredictedPDDecider", "DisaggProfileHandler", "plugin", "discover", "Producer", "InFlightLoadProducer",
+    "Admitter", "Filter", "Scorer", "Picker", "PDDecider", "ProfileHandler", "RequestLifecycle",
 ]

@@ -6,26 +6,30 @@ is ``Admission(False, reason, status=429)`` (upstream rewraps it as HTTP 500).
 from __future__ import annotations
 
 import random
+from dataclasses import field
 
 from ..flowcontrol.saturation import roofline
-from ..params import Configurable, Param, gt
+from ..params import Plugin, gt, param
 from ..types import ADMITTED, Admission, Endpoint, InferenceRequest
+from .protocols import Admitter
+from .registry import plugin
 
 #: An endpoint under this KV-cache use counts as cold (B2.5).
 COLD_KV_USAGE = 0.02
 DENIED_STATUS = 429
 
 
-class LatencySloAdmitter(Configurable):
+@plugin("latency-slo-admitter", Admitter)
+class LatencySloAdmitter(Plugin):
     """``latency-slo-admitter``: sheddable requests with an SLO are rejected when no
     endpoint is predicted valid and none is idle (server metrics) or cold. Fail-open when
     no endpoint has a prediction."""
 
-    TYPE = "latency-slo-admitter"
-    PARAMS = (Param("latencyPredictionInfoProducerName", "latency_prediction_info_producer_name", "str"),)
+    latency_prediction_info_producer_name: str = param("latencyPredictionInfoProducerName", default="", ignored=True)
+
     REASON = "no valid endpoint available to serve the request"
 
-    def __init__(self, latency_prediction_info_producer_name: str = "") -> None:
+    def setup(self) -> None:
         self.rejected = 0
 
     def admit(self, request: InferenceRequest | None, endpoints: list[Endpoint]) -> Admission:
@@ -54,29 +58,22 @@ class LatencySloAdmitter(Configurable):
         return ADMITTED
 
 
-class ProbabilisticAdmitter(Configurable):
+@plugin("probabilistic-admitter", Admitter)
+class ProbabilisticAdmitter(Plugin):
     """``probabilistic-admitter``: rejects a sheddable request with probability
     ``min(sat^power × k, 1)``, sat = mean over candidates of
     ``max(waiting / queueDepthThreshold, kv / kvCacheUtilThreshold)``."""
 
-    TYPE = "probabilistic-admitter"
-    PARAMS = (
-        Param("queueDepthThreshold", "queue_depth_threshold", "int", gt(0)),
-        Param("kvCacheUtilThreshold", "kv_cache_util_threshold", "float", gt(0.0)),
-        Param("power", "power", "float", gt(0.0)),
-        Param("k", "k", "float", gt(0.0)),
-    )
-    EXTRA = ("rng",)
+    queue_depth_threshold: int = param("queueDepthThreshold", default=5, check=gt(0),
+                                       doc="waiting requests that saturate an endpoint")
+    kv_cache_util_threshold: float = param("kvCacheUtilThreshold", default=0.8, check=gt(0.0),
+                                           doc="KV-cache use (fraction) that saturates an endpoint")
+    power: float = param("power", default=5.0, check=gt(0.0), doc="exponent of the saturation")
+    k: float = param("k", default=300.0, check=gt(0.0), doc="multiplier of the rejection probability")
+    rng: random.Random = field(default_factory=random.Random)
 
-    def __init__(self, queue_depth_threshold: int = 5, kv_cache_util_threshold: float = 0.8, power: float = 5.0,
-                 k: float = 300.0, rng: random.Random | None = None) -> None:
-        v = self._validated(queue_depth_threshold=queue_depth_threshold, kv_cache_util_threshold=kv_cache_util_threshold,
-                            power=power, k=k)
-        self.queue_depth_threshold = v["queue_depth_threshold"]
-        self.kv_cache_util_threshold = v["kv_cache_util_threshold"]
-        self.power = v["power"]
-        self.k = v["k"]
-        self.rng = rng or random.Random()
+    def setup(self) -> None:
+        self.rng = self.rng or random.Random()
         self.rejected = 0
 
     def saturation(self, endpoints: list[Endpoint]) -> float:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..params import Configurable, Param, ge
+from ..params import Plugin, ge, param
 from ..types import Endpoint, InferenceRequest
+from .protocols import PDDecider
+from .registry import plugin
 
 
-class _Decider(Configurable):
-    def __init__(self) -> None:
+class _Decider(Plugin):
+    def setup(self) -> None:
         self.decisions: Counter = Counter()
 
     def disaggregate(self, request: InferenceRequest, endpoint: Endpoint | None,
@@ -25,32 +27,25 @@ class _Decider(Configurable):
         raise NotImplementedError
 
 
+@plugin("always-disagg-pd-decider", PDDecider)
 class AlwaysDisaggPDDecider(_Decider):
     """``always-disagg-pd-decider``: always yes."""
-
-    TYPE = "always-disagg-pd-decider"
 
     def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
         return True
 
 
+@plugin("prefix-based-pd-decider", PDDecider)
 class PrefixBasedPDDecider(_Decider):
     """``prefix-based-pd-decider``: yes iff the prompt is at least ``prompt_tokens`` long
     (0 = no gate) and its part not cached on the decode endpoint is at least
     ``non_cached_tokens``; ``non_cached_tokens = 0`` (the default) never disaggregates,
     and a decode endpoint without prefix match information is never disaggregated."""
 
-    TYPE = "prefix-based-pd-decider"
-    PARAMS = (
-        Param("nonCachedTokens", "non_cached_tokens", "int", ge(0)),
-        Param("promptTokens", "prompt_tokens", "int", ge(0)),
-    )
-
-    def __init__(self, non_cached_tokens: int = 0, prompt_tokens: int = 0) -> None:
-        super().__init__()
-        v = self._validated(non_cached_tokens=non_cached_tokens, prompt_tokens=prompt_tokens)
-        self.non_cached_tokens = v["non_cached_tokens"]
-        self.prompt_tokens = v["prompt_tokens"]
+    non_cached_tokens: int = param("nonCachedTokens", default=0, check=ge(0),
+                                   doc="uncached prompt tokens on the decode endpoint that disaggregate (0: never)")
+    prompt_tokens: int = param("promptTokens", default=0, check=ge(0),
+                               doc="shortest prompt that may disaggregate (0: no gate)")
 
     def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
         if self.non_cached_tokens == 0 or endpoint is None:

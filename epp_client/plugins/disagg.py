@@ -20,6 +20,10 @@ from collections import Counter
 from typing import Any, Mapping
 
 from ..types import ConfigError, Endpoint, InferenceRequest
+from .protocols import ProfileHandler
+from .registry import plugin
+
+HANDLER_TYPE = "disagg-profile-handler"
 
 PREFILL_HEADER = "x-prefiller-host-port"
 ENCODER_HEADER = "x-encoder-hosts-ports"
@@ -78,12 +82,17 @@ def _section(params: Mapping, key: str, allowed: tuple[str, ...]) -> dict:
     return {k: _str(f"{key}.{k}", v) for k, v in sec.items()}
 
 
+@plugin(HANDLER_TYPE, ProfileHandler)
 class DisaggProfileHandler:
-    TYPE = "disagg-profile-handler"
+    """Chooses the profiles that run (decode, prefill, encode) and their headers (B4.7).
+
+    Its parameters are structured (``profiles``, ``deciders``, ``stageOrder``, or the
+    deprecated flat names), so it parses them itself (:meth:`parse_params`); decider
+    plugin names are resolved by the config builder."""
 
     def __init__(self, decode_profile: str = "decode", prefill_profile: str = "prefill",
                  encode_profile: str = "encode", prefill_decider: Any = None, encode_decider: Any = None,
-                 stage_order: str = DECODE_FIRST, name: str = TYPE) -> None:
+                 stage_order: str = DECODE_FIRST, name: str = HANDLER_TYPE) -> None:
         self.stage_order = parse_stage_order(stage_order)
         if self.stage_order == PREFILL_FIRST and prefill_decider is not None:
             raise ConfigError("disagg-profile-handler.deciders.prefill",

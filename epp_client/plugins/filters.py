@@ -3,52 +3,46 @@ never empty for a non-empty input."""
 from __future__ import annotations
 
 import random
+from dataclasses import field
 import sys
 
-from ..params import Configurable, Param, ge, one_of, within
+from ..params import Plugin, ge, le, one_of, param, within
 from ..types import ConfigError, Endpoint, InferenceRequest
+from .protocols import Filter
+from .registry import plugin
 
 _MAX_FLOAT = sys.float_info.max
 
 
-class PrefixCacheAffinityFilter(Configurable):
+@plugin("prefix-cache-affinity-filter", Filter)
+class PrefixCacheAffinityFilter(Plugin):
     """``prefix-cache-affinity-filter``: keep the endpoints whose prefix score reaches
     ``affinity_threshold`` (inclusive), unless exploring (probability
     ``exploration_probability``) or unless the best sticky endpoint's TTFT is more than
     ``max_ttft_penalty_ms`` worse (strictly) than the best non-sticky one (load gate)."""
 
-    TYPE = "prefix-cache-affinity-filter"
-    PARAMS = (
-        Param("affinityThreshold", "affinity_threshold", "float",
-              lambda v: None if v <= 1.0 else f"must be <= 1.0, got {v!r}"),
-        Param("explorationProbability", "exploration_probability", "float", within(0.0, 1.0)),
-        Param("maxTTFTPenaltyMs", "max_ttft_penalty_ms", "float", ge(0.0)),
-        Param("ttftSource", "ttft_source", "str", one_of("prefillThroughput", "latencyPredictor")),
-        Param("peakPrefillThroughput", "peak_prefill_throughput", "float", ge(0.0)),
-        Param("prefixMatchInfoProducerName", "prefix_match_info_producer_name", "str"),
-        Param("latencyPredictionInfoProducerName", "latency_prediction_info_producer_name", "str"),
-        Param("inFlightLoadProducerName", "in_flight_load_producer_name", "str"),
-    )
-    EXTRA = ("rng",)
+    affinity_threshold: float = param("affinityThreshold", default=0.80, check=le(1.0),
+                                      doc="prefix score that makes an endpoint sticky (<= 0 disables the filter)")
+    exploration_probability: float = param("explorationProbability", default=0.0, check=within(0.0, 1.0),
+                                           doc="probability of keeping every endpoint (explore)")
+    max_ttft_penalty_ms: float = param("maxTTFTPenaltyMs", default=18000.0, check=ge(0.0),
+                                       doc="TTFT cost of stickiness that lifts the filter (0 disables the load gate)")
+    ttft_source: str = param("ttftSource", default="prefillThroughput",
+                             check=one_of("prefillThroughput", "latencyPredictor"),
+                             doc="where the load gate's TTFT comes from")
+    peak_prefill_throughput: float = param("peakPrefillThroughput", default=15928.0, check=ge(0.0),
+                                           doc="prefill tokens/s for the `prefillThroughput` source (> 0 when used)")
+    prefix_match_info_producer_name: str = param("prefixMatchInfoProducerName", default="", ignored=True)
+    latency_prediction_info_producer_name: str = param("latencyPredictionInfoProducerName", default="", ignored=True)
+    in_flight_load_producer_name: str = param("inFlightLoadProducerName", default="", ignored=True)
+    rng: random.Random = field(default_factory=random.Random)
 
-    def __init__(self, affinity_threshold: float = 0.80, exploration_probability: float = 0.0,
-                 max_ttft_penalty_ms: float = 18000.0, ttft_source: str = "prefillThroughput",
-                 peak_prefill_throughput: float = 15928.0, prefix_match_info_producer_name: str = "",
-                 latency_prediction_info_producer_name: str = "", in_flight_load_producer_name: str = "",
-                 rng: random.Random | None = None) -> None:
-        v = self._validated(affinity_threshold=affinity_threshold, exploration_probability=exploration_probability,
-                            max_ttft_penalty_ms=max_ttft_penalty_ms, ttft_source=ttft_source,
-                            peak_prefill_throughput=peak_prefill_throughput)
-        if v["ttft_source"] == "prefillThroughput" and v["max_ttft_penalty_ms"] > 0 \
-                and v["peak_prefill_throughput"] <= 0:
+    def setup(self) -> None:
+        if self.ttft_source == "prefillThroughput" and self.max_ttft_penalty_ms > 0 \
+                and self.peak_prefill_throughput <= 0:
             raise ConfigError(f"{self.TYPE}.peakPrefillThroughput",
                               "must be > 0 when ttftSource is prefillThroughput and maxTTFTPenaltyMs > 0")
-        self.affinity_threshold = v["affinity_threshold"]
-        self.exploration_probability = v["exploration_probability"]
-        self.max_ttft_penalty_ms = v["max_ttft_penalty_ms"]
-        self.ttft_source = v["ttft_source"]
-        self.peak_prefill_throughput = v["peak_prefill_throughput"]
-        self.rng = rng or random.Random()
+        self.rng = self.rng or random.Random()
 
     def _ttft(self, e: Endpoint) -> float:
         if self.ttft_source == "latencyPredictor":
@@ -75,23 +69,19 @@ class PrefixCacheAffinityFilter(Configurable):
         return sticky
 
 
-class SloHeadroomTierFilter(Configurable):
+@plugin("slo-headroom-tier-filter", Filter)
+class SloHeadroomTierFilter(Plugin):
     """``slo-headroom-tier-filter``: keep the tier with non-negative TTFT and TPOT headroom;
     with probability ``epsilon_explore_neg`` keep the negative tier instead. Endpoints
     without a prediction join the negative tier; if nobody has one, keep all."""
 
-    TYPE = "slo-headroom-tier-filter"
-    PARAMS = (
-        Param("epsilonExploreNeg", "epsilon_explore_neg", "float", within(0.0, 1.0)),
-        Param("latencyPredictionInfoProducerName", "latency_prediction_info_producer_name", "str"),
-    )
-    EXTRA = ("rng",)
+    epsilon_explore_neg: float = param("epsilonExploreNeg", default=0.01, check=within(0.0, 1.0),
+                                       doc="probability of keeping the negative tier instead")
+    latency_prediction_info_producer_name: str = param("latencyPredictionInfoProducerName", default="", ignored=True)
+    rng: random.Random = field(default_factory=random.Random)
 
-    def __init__(self, epsilon_explore_neg: float = 0.01, latency_prediction_info_producer_name: str = "",
-                 rng: random.Random | None = None) -> None:
-        v = self._validated(epsilon_explore_neg=epsilon_explore_neg)
-        self.epsilon_explore_neg = v["epsilon_explore_neg"]
-        self.rng = rng or random.Random()
+    def setup(self) -> None:
+        self.rng = self.rng or random.Random()
 
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         if len(endpoints) <= 1:

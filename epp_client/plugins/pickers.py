@@ -4,27 +4,27 @@ candidates."""
 from __future__ import annotations
 
 import random
+from dataclasses import field
 
-from ..params import Configurable, Param, max_endpoints
+from ..params import Plugin, param
 from ..types import Endpoint
-
-_PARAMS = (Param("maxNumOfEndpoints", "max_num_of_endpoints", "int"),)
-
-
-class _Picker(Configurable):
-    PARAMS = _PARAMS
-    EXTRA = ("rng",)
-
-    def __init__(self, max_num_of_endpoints: int = 1, rng: random.Random | None = None) -> None:
-        v = self._validated(max_num_of_endpoints=max_num_of_endpoints)
-        self.max_num_of_endpoints = max_endpoints(v["max_num_of_endpoints"])
-        self.rng = rng or random.Random()
+from .protocols import Picker
+from .registry import plugin
 
 
+class _Picker(Plugin):
+    max_num_of_endpoints: int = param("maxNumOfEndpoints", default=1, doc="endpoints to pick (<= 0 becomes 1)")
+    rng: random.Random = field(default_factory=random.Random)
+
+    def setup(self) -> None:
+        if self.max_num_of_endpoints <= 0:
+            self.max_num_of_endpoints = 1
+        self.rng = self.rng or random.Random()
+
+
+@plugin("random-picker", Picker)
 class RandomPicker(_Picker):
     """``random-picker``: shuffle and take k."""
-
-    TYPE = "random-picker"
 
     def pick(self, endpoints: list[Endpoint], scores: dict[str, float] | None = None) -> list[Endpoint]:
         k = self.max_num_of_endpoints
@@ -35,10 +35,9 @@ class RandomPicker(_Picker):
         return out[:k]
 
 
+@plugin("max-score-picker", Picker)
 class MaxScorePicker(_Picker):
     """``max-score-picker``: highest score first, ties broken uniformly at random."""
-
-    TYPE = "max-score-picker"
 
     def pick(self, endpoints: list[Endpoint], scores: dict[str, float]) -> list[Endpoint]:
         out = list(endpoints)
@@ -47,14 +46,13 @@ class MaxScorePicker(_Picker):
         return out[: self.max_num_of_endpoints]
 
 
+@plugin("weighted-random-picker", Picker)
 class WeightedRandomPicker(_Picker):
     """``weighted-random-picker``: A-Res sampling, key = U^(1/score); P(i) = s_i / Σs for k=1.
     Delegates to the random picker when no score is > 0."""
 
-    TYPE = "weighted-random-picker"
-
-    def __init__(self, max_num_of_endpoints: int = 1, rng: random.Random | None = None) -> None:
-        super().__init__(max_num_of_endpoints, rng)
+    def setup(self) -> None:
+        super().setup()
         self._random = RandomPicker(self.max_num_of_endpoints, self.rng)
 
     def pick(self, endpoints: list[Endpoint], scores: dict[str, float]) -> list[Endpoint]:

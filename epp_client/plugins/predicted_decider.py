@@ -32,9 +32,11 @@ dim x 2 bytes (bf16), Llama-3.1-8B's config.json; ``transferBandwidthGBps`` 25 =
 """
 from __future__ import annotations
 
-from ..params import Param, ge, gt
+from ..params import ge, gt, param
 from ..types import Endpoint, InferenceRequest
 from .deciders import _Decider
+from .protocols import PDDecider
+from .registry import plugin
 from .roles import DecodeFilter, PrefillFilter
 
 _PREFILL = PrefillFilter()
@@ -46,27 +48,23 @@ def kv_transfer_ms(tokens: int, kv_bytes_per_token: float, bandwidth_gbps: float
     return latency_ms + max(0, tokens) * kv_bytes_per_token / (bandwidth_gbps * 1e9) * 1000.0
 
 
+@plugin("predicted-pd-decider", PDDecider)
 class PredictedPDDecider(_Decider):
-    TYPE = "predicted-pd-decider"
-    PARAMS = (
-        Param("kvBytesPerToken", "kv_bytes_per_token", "float", gt(0.0)),
-        Param("transferBandwidthGBps", "transfer_bandwidth_gbps", "float", gt(0.0)),
-        Param("transferLatencyMs", "transfer_latency_ms", "float", ge(0.0)),
-        Param("tpotWindowTokens", "tpot_window_tokens", "int", gt(0)),
-        Param("minPromptTokens", "min_prompt_tokens", "int", ge(0)),
-    )
+    """``predicted-pd-decider``: disaggregate when the predictions say it pays."""
 
-    def __init__(self, kv_bytes_per_token: float = 131072.0, transfer_bandwidth_gbps: float = 25.0,
-                 transfer_latency_ms: float = 0.0, tpot_window_tokens: int = 64, min_prompt_tokens: int = 0) -> None:
-        super().__init__()
-        v = self._validated(kv_bytes_per_token=kv_bytes_per_token, transfer_bandwidth_gbps=transfer_bandwidth_gbps,
-                            transfer_latency_ms=transfer_latency_ms, tpot_window_tokens=tpot_window_tokens,
-                            min_prompt_tokens=min_prompt_tokens)
-        self.kv_bytes_per_token = v["kv_bytes_per_token"]
-        self.transfer_bandwidth_gbps = v["transfer_bandwidth_gbps"]
-        self.transfer_latency_ms = v["transfer_latency_ms"]
-        self.tpot_window_tokens = v["tpot_window_tokens"]
-        self.min_prompt_tokens = v["min_prompt_tokens"]
+    kv_bytes_per_token: float = param("kvBytesPerToken", default=131072.0, check=gt(0.0),
+                                      doc="KV-cache bytes per token")
+    transfer_bandwidth_gbps: float = param("transferBandwidthGBps", default=25.0, check=gt(0.0),
+                                           doc="KV transfer bandwidth, GB/s")
+    transfer_latency_ms: float = param("transferLatencyMs", default=0.0, check=ge(0.0),
+                                       doc="fixed cost of a KV transfer, ms")
+    tpot_window_tokens: int = param("tpotWindowTokens", default=64, check=gt(0),
+                                    doc="tokens a local prefill stall is spread over (TPOT rule)")
+    min_prompt_tokens: int = param("minPromptTokens", default=0, check=ge(0),
+                                   doc="shortest prompt that may disaggregate")
+
+    def setup(self) -> None:
+        super().setup()
         self.reasons: dict[str, int] = {"ttft": 0, "tpot": 0}
 
     def transfer_ms(self, tokens: int) -> float:

@@ -30,12 +30,15 @@ import itertools
 import math
 import time
 from collections import OrderedDict
+from dataclasses import KW_ONLY
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from ..params import Configurable, Param, ge, gt
+from ..params import Plugin, gt, param
 from ..predictor import BulkPrediction
 from ..types import Endpoint, InferenceRequest, LatencyPrediction
+from .protocols import Producer
+from .registry import plugin
 
 PREFILL_PROFILE = "prefill"
 _KNOWN_POD_TYPES = ("prefill", "decode")
@@ -119,49 +122,34 @@ class _Context:
         self.touched = 0.0
 
 
-class PredictedLatencyProducer(Configurable):
+@plugin("predicted-latency-producer", Producer)
+class PredictedLatencyProducer(Plugin):
     """Calls the predictor once per request for all candidates and writes
     :class:`~epp_client.types.LatencyPrediction` onto each; emits training samples."""
 
-    TYPE = "predicted-latency-producer"
-    PARAMS = (
-        Param("sloBufferFactor", "slo_buffer_factor", "float", gt(0.0)),
-        Param("contextTTL", "context_ttl", "duration", gt(0.0)),
-        Param("streamingMode", "streaming_mode", "bool"),
-        Param("endpointRoleLabel", "endpoint_role_label", "str"),
-        Param("predictInProduce", "predict_in_produce", "bool"),
-        Param("prefixMatchInfoProducerName", "prefix_match_info_producer_name", "str"),
-        Param("inFlightLoadProducerName", "in_flight_load_producer_name", "str"),
-        Param("useEncoderCacheFeatures", "use_encoder_cache_features", "bool"),
-        Param("encoderCacheMatchInfoProducerName", "encoder_cache_match_info_producer_name", "str"),
-        Param("samplingMean", "sampling_mean", "float"),  # deprecated, ignored
-        Param("maxDecodeTokenSamplesForPrediction", "max_decode_token_samples_for_prediction", "int"),  # ignored
-    )
-    EXTRA = ("predictor", "sink", "clock", "wall_clock", "max_contexts")
+    predictor: Any = None
+    sink: Any = None
+    _: KW_ONLY
+    slo_buffer_factor: float = param("sloBufferFactor", default=1.0, check=gt(0.0), doc="multiplies TPOT SLOs only")
+    context_ttl: float = param("contextTTL", default=300.0, check=gt(0.0), kind="duration",
+                               doc="how long a request's context is kept (Go duration or seconds)")
+    streaming_mode: bool = param("streamingMode", default=False,
+                                 doc="false: end-to-end mode (TTFT recorded at the end, TPOT neutral); "
+                                     "true: TTFT at the first chunk plus a TPOT sample")
+    endpoint_role_label: str = param("endpointRoleLabel", default="",
+                                     doc="label whose value becomes `pod_type`; `prefill` neutralises TPOT")
+    predict_in_produce: bool = param("predictInProduce", default=True, doc="false: training-only mode")
+    prefix_match_info_producer_name: str = param("prefixMatchInfoProducerName", default="", ignored=True)
+    in_flight_load_producer_name: str = param("inFlightLoadProducerName", default="", ignored=True)
+    use_encoder_cache_features: bool = param("useEncoderCacheFeatures", default=False, doc="fill the encoder features")
+    encoder_cache_match_info_producer_name: str = param("encoderCacheMatchInfoProducerName", default="", ignored=True)
+    sampling_mean: float = param("samplingMean", default=1000.0, ignored=True)  # deprecated upstream
+    max_decode_token_samples_for_prediction: int = param("maxDecodeTokenSamplesForPrediction", default=0, ignored=True)
+    clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    max_contexts: int = 100_000
 
-    def __init__(self, predictor: Any = None, sink: Any = None, *, slo_buffer_factor: float = 1.0,
-                 context_ttl: float = 300.0, streaming_mode: bool = False, endpoint_role_label: str = "",
-                 predict_in_produce: bool = True, prefix_match_info_producer_name: str = "",
-                 in_flight_load_producer_name: str = "", use_encoder_cache_features: bool = False,
-                 encoder_cache_match_info_producer_name: str = "", sampling_mean: float = 1000.0,
-                 max_decode_token_samples_for_prediction: int = 0,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
-                 max_contexts: int = 100_000) -> None:
-        v = self._validated(slo_buffer_factor=slo_buffer_factor, context_ttl=context_ttl,
-                            streaming_mode=streaming_mode, endpoint_role_label=endpoint_role_label,
-                            predict_in_produce=predict_in_produce,
-                            use_encoder_cache_features=use_encoder_cache_features)
-        self.predictor = predictor
-        self.sink = sink
-        self.slo_buffer_factor = v["slo_buffer_factor"]
-        self.context_ttl = v["context_ttl"]
-        self.streaming_mode = v["streaming_mode"]
-        self.endpoint_role_label = v["endpoint_role_label"]
-        self.predict_in_produce = v["predict_in_produce"]
-        self.use_encoder_cache_features = v["use_encoder_cache_features"]
-        self.clock = clock
-        self.wall_clock = wall_clock
-        self.max_contexts = max_contexts
+    def setup(self) -> None:
         self.running = RunningQueue()
         self._contexts: OrderedDict[str, _Context] = OrderedDict()
         self.counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,

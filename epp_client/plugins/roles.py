@@ -3,8 +3,12 @@ that can run the stage. Unlike the predicted-latency filters these may return an
 list (no endpoint of that role): the profile then fails, as upstream."""
 from __future__ import annotations
 
-from ..params import Configurable
+from typing import ClassVar
+
+from ..params import Plugin
 from ..types import Endpoint, InferenceRequest
+from .protocols import Filter
+from .registry import plugin
 
 ROLE_LABEL = "llm-d.ai/role"
 
@@ -18,12 +22,9 @@ ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
 ROLE_BOTH = "both"  # deprecated alias of prefill-decode
 
 
-class _RoleFilter(Configurable):
-    ROLES: frozenset = frozenset()
-    ACCEPT_UNLABELLED = False
-
-    def __init__(self) -> None:
-        pass
+class _RoleFilter(Plugin):
+    ROLES: ClassVar[frozenset[str]] = frozenset()
+    ACCEPT_UNLABELLED: ClassVar[bool] = False
 
     def accepts(self, e: Endpoint) -> bool:
         role = e.labels.get(ROLE_LABEL)
@@ -35,24 +36,24 @@ class _RoleFilter(Configurable):
         return [e for e in endpoints if self.accepts(e)]
 
 
+@plugin("decode-filter", Filter)
 class DecodeFilter(_RoleFilter):
     """``decode-filter``: decode, prefill-decode, both, encode-prefill-decode, or no label."""
 
-    TYPE = "decode-filter"
     ROLES = frozenset({ROLE_DECODE, ROLE_PREFILL_DECODE, ROLE_BOTH, ROLE_ENCODE_PREFILL_DECODE})
     ACCEPT_UNLABELLED = True
 
 
+@plugin("prefill-filter", Filter)
 class PrefillFilter(_RoleFilter):
     """``prefill-filter``: prefill, encode-prefill, prefill-decode, both, encode-prefill-decode."""
 
-    TYPE = "prefill-filter"
     ROLES = frozenset({ROLE_PREFILL, ROLE_ENCODE_PREFILL, ROLE_PREFILL_DECODE, ROLE_BOTH,
                        ROLE_ENCODE_PREFILL_DECODE})
 
 
+@plugin("encode-filter", Filter)
 class EncodeFilter(_RoleFilter):
     """``encode-filter``: encode, encode-prefill, encode-prefill-decode."""
 
-    TYPE = "encode-filter"
     ROLES = frozenset({ROLE_ENCODE, ROLE_ENCODE_PREFILL, ROLE_ENCODE_PREFILL_DECODE})

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 
-from ..params import Configurable, Param, gt, within
+from ..params import Plugin, gt, param, within
 from ..types import ConfigError, Endpoint, InferenceRequest
 from .lora_history import LoraRequestHistory
+from .protocols import Scorer
+from .registry import plugin
 
 _EPS = 1e-9
 
@@ -45,7 +47,8 @@ def composite_scores(endpoints: list[Endpoint], kv_weight: float = 1.0, queue_we
     return out
 
 
-class LatencyScorer(Configurable):
+@plugin("latency-scorer", Scorer)
+class LatencyScorer(Plugin):
     """``latency-scorer``: scores by SLO headroom of the producer's predictions.
 
     Positive bucket first (configured strategy), else idle negative endpoints, else the
@@ -55,33 +58,20 @@ class LatencyScorer(Configurable):
     Without any prediction the composite fallback (B1.9) scores everyone.
     """
 
-    TYPE = "latency-scorer"
-    PARAMS = (
-        Param("ttftWeight", "ttft_weight", "float"),
-        Param("tpotWeight", "tpot_weight", "float"),
-        Param("headroomSelectionStrategy", "headroom_selection_strategy", "str"),
-        Param("compositeKVWeight", "composite_kv_weight", "float"),
-        Param("compositeQueueWeight", "composite_queue_weight", "float"),
-        Param("compositePrefixWeight", "composite_prefix_weight", "float"),
-        Param("latencyPredictionInfoProducerName", "latency_prediction_info_producer_name", "str"),
-        Param("prefixMatchInfoProducerName", "prefix_match_info_producer_name", "str"),
-    )
+    ttft_weight: float = param("ttftWeight", default=0.8, doc="weight of the TTFT headroom")
+    tpot_weight: float = param("tpotWeight", default=0.2, doc="weight of the TPOT headroom")
+    # any value other than "most" acts as "least" (no validation upstream)
+    headroom_selection_strategy: str = param("headroomSelectionStrategy", default="least",
+                                             doc="`most`: prefer the largest headroom; anything else: the tightest fit")
+    composite_kv_weight: float = param("compositeKVWeight", default=1.0, doc="fallback: weight of free KV cache")
+    composite_queue_weight: float = param("compositeQueueWeight", default=1.0,
+                                          doc="fallback: weight of the relative queue")
+    composite_prefix_weight: float = param("compositePrefixWeight", default=1.0,
+                                           doc="fallback: weight of the prefix score")
+    latency_prediction_info_producer_name: str = param("latencyPredictionInfoProducerName", default="", ignored=True)
+    prefix_match_info_producer_name: str = param("prefixMatchInfoProducerName", default="", ignored=True)
 
-    def __init__(self, ttft_weight: float = 0.8, tpot_weight: float = 0.2, headroom_selection_strategy: str = "least",
-                 composite_kv_weight: float = 1.0, composite_queue_weight: float = 1.0,
-                 composite_prefix_weight: float = 1.0, latency_prediction_info_producer_name: str = "",
-                 prefix_match_info_producer_name: str = "") -> None:
-        v = self._validated(ttft_weight=ttft_weight, tpot_weight=tpot_weight,
-                            headroom_selection_strategy=headroom_selection_strategy,
-                            composite_kv_weight=composite_kv_weight, composite_queue_weight=composite_queue_weight,
-                            composite_prefix_weight=composite_prefix_weight)
-        self.ttft_weight = v["ttft_weight"]
-        self.tpot_weight = v["tpot_weight"]
-        # any value other than "most" acts as "least" (no validation upstream)
-        self.headroom_selection_strategy = v["headroom_selection_strategy"]
-        self.composite_kv_weight = v["composite_kv_weight"]
-        self.composite_queue_weight = v["composite_queue_weight"]
-        self.composite_prefix_weight = v["composite_prefix_weight"]
+    def setup(self) -> None:
         self.fallbacks = 0  # how often the composite fallback was used
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
@@ -140,10 +130,9 @@ class LatencyScorer(Configurable):
             scores[e.name] = w / 100
 
 
-class QueueScorer(Configurable):
+@plugin("queue-scorer", Scorer)
+class QueueScorer(Plugin):
     """``queue-scorer``: (maxQ - q) / (maxQ - minQ) over waiting queues; 1.0 when all equal."""
-
-    TYPE = "queue-scorer"
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         qs = [e.metrics.waiting_queue_size if e.metrics is not None else 0 for e in endpoints]
@@ -155,30 +144,26 @@ class QueueScorer(Configurable):
         return {e.name: (hi - q) / (hi - lo) for e, q in zip(endpoints, qs)}
 
 
-class KVCacheUtilizationScorer(Configurable):
+@plugin("kv-cache-utilization-scorer", Scorer)
+class KVCacheUtilizationScorer(Plugin):
     """``kv-cache-utilization-scorer``: 1 - KV-cache usage (a fraction)."""
-
-    TYPE = "kv-cache-utilization-scorer"
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         return {e.name: 1.0 - (e.metrics.kv_cache_usage if e.metrics is not None else 0.0) for e in endpoints}
 
 
-class PrefixCacheScorer(Configurable):
+@plugin("prefix-cache-scorer", Scorer)
+class PrefixCacheScorer(Plugin):
     """``prefix-cache-scorer``: w·min(1, matched tokens / scale)² + (1 - w)·match/total."""
 
-    TYPE = "prefix-cache-scorer"
-    PARAMS = (
-        Param("matchLengthWeight", "match_length_weight", "float", within(0.0, 1.0)),
-        Param("matchLengthScaleTokens", "match_length_scale_tokens", "float"),
-    )
+    match_length_weight: float = param("matchLengthWeight", default=0.0, check=within(0.0, 1.0),
+                                       doc="weight w of the matched length against the matched fraction")
+    match_length_scale_tokens: float = param("matchLengthScaleTokens", default=8192.0,
+                                             doc="matched tokens that score a full length (> 0 when w > 0)")
 
-    def __init__(self, match_length_weight: float = 0.0, match_length_scale_tokens: float = 8192.0) -> None:
-        v = self._validated(match_length_weight=match_length_weight, match_length_scale_tokens=match_length_scale_tokens)
-        if v["match_length_weight"] > 0 and v["match_length_scale_tokens"] <= 0:
+    def setup(self) -> None:
+        if self.match_length_weight > 0 and self.match_length_scale_tokens <= 0:
             raise ConfigError(f"{self.TYPE}.matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
-        self.match_length_weight = v["match_length_weight"]
-        self.match_length_scale_tokens = v["match_length_scale_tokens"]
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         w = self.match_length_weight
@@ -197,7 +182,8 @@ class PrefixCacheScorer(Configurable):
         return out
 
 
-class LoraAffinityScorer(Configurable):
+@plugin("lora-affinity-scorer", Scorer)
+class LoraAffinityScorer(Plugin):
     """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0.
 
     With ``requestHistory: true`` it also remembers what this router sent where
@@ -210,16 +196,11 @@ class LoraAffinityScorer(Configurable):
     reconciled with the scraped metrics every ``reconcileIntervalSeconds``.
     """
 
-    TYPE = "lora-affinity-scorer"
-    PARAMS = (
-        Param("requestHistory", "request_history", "bool"),
-        Param("reconcileIntervalSeconds", "reconcile_interval_seconds", "float", gt(0.0)),
-    )
+    request_history: bool = param("requestHistory", default=False, doc="also count what this router sent where")
+    reconcile_interval_seconds: float = param("reconcileIntervalSeconds", default=1.0, check=gt(0.0),
+                                              doc="how often the history is reconciled with the metrics")
 
-    def __init__(self, request_history: bool = False, reconcile_interval_seconds: float = 1.0) -> None:
-        v = self._validated(request_history=request_history, reconcile_interval_seconds=reconcile_interval_seconds)
-        self.request_history = v["request_history"]
-        self.reconcile_interval_seconds = v["reconcile_interval_seconds"]
+    def setup(self) -> None:
         self.history = LoraRequestHistory(self.reconcile_interval_seconds) if self.request_history else None
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:

@@ -1,0 +1,105 @@
+"""The roles a plugin can play, as protocols (what the scheduler calls on it).
+
+A plugin declares its role when it registers (``@plugin("type-name", Scorer)``, see
+:mod:`epp_client.plugins.registry`); registration checks that the class has the role's
+methods, and the config builder places each plugin by its declared role.
+
+- :class:`Producer`: before scheduling, writes ``Endpoint.prediction`` on every
+  candidate; follows each request through its lifecycle (training samples).
+- :class:`InFlightLoadProducer`: the router's own count of what it dispatched where
+  (``Endpoint.inflight``).
+- :class:`Admitter`: may refuse a request before any profile runs.
+- :class:`Filter`: keeps a sub-list of the candidates, in order.
+- :class:`Scorer`: a raw score per endpoint name (the profile clamps it to [0, 1] and
+  applies the weight).
+- :class:`Picker`: chooses the endpoints from the scores.
+- :class:`PDDecider`: asked by the profile handler whether to disaggregate a request.
+- :class:`ProfileHandler`: which scheduling profiles run, and the headers they imply.
+
+Profile plugins may also implement :class:`RequestLifecycle` (the scheduler calls it).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from ..types import Admission, Endpoint, InFlightLoad, InferenceRequest
+
+
+@runtime_checkable
+class Producer(Protocol):
+    def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None: ...
+
+    async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint],
+                       now: float | None = None) -> None: ...
+
+    def pre_request(self, request: InferenceRequest, picks: Any, now: float | None = None) -> None: ...
+
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None: ...
+
+    def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None: ...
+
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200,
+                    aborted: bool = False, output_tokens: int | None = None) -> None: ...
+
+    def discard(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class InFlightLoadProducer(Protocol):
+    def load(self, name: str) -> InFlightLoad: ...
+
+    def pre_request(self, request: InferenceRequest, picks: dict[str, Endpoint]) -> None: ...
+
+    def on_first_chunk(self, request_id: str) -> None: ...
+
+    def on_complete(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    def admit(self, request: InferenceRequest | None, endpoints: list[Endpoint]) -> Admission: ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    def pick(self, endpoints: list[Endpoint], scores: dict[str, float]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
+class PDDecider(Protocol):
+    def disaggregate(self, request: InferenceRequest, endpoint: Endpoint | None,
+                     candidates: list[Endpoint] | None = None) -> bool: ...
+
+
+@runtime_checkable
+class ProfileHandler(Protocol):
+    """Also has ``decode_profile``: the name of the profile whose pick serves the request."""
+
+    def run(self, request: InferenceRequest, profiles: Mapping[str, Any], candidates: list[Endpoint]) -> dict: ...
+
+    def headers(self, profile_results: Mapping[str, Any]) -> dict[str, str | None]: ...
+
+
+@runtime_checkable
+class RequestLifecycle(Protocol):
+    """Optional for filters and scorers that keep per-request state."""
+
+    def observe(self, endpoints: list[Endpoint], now: float) -> None: ...
+
+    def pre_request(self, request: InferenceRequest, target: Endpoint) -> None: ...
+
+    def on_complete(self, request_id: str) -> None: ...
+
+
+#: Every role, in the order the docs list them.
+ROLES: tuple[type, ...] = (Producer, InFlightLoadProducer, Admitter, Filter, Scorer, Picker, PDDecider, ProfileHandler)
