@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 from .inflight import InFlightTracker
 from .plugins.pickers import MaxScorePicker
 from .plugins.producer import PredictedLatencyProducer
+from .plugins.protocols import RequestLifecycle
 from .types import ADMITTED, Admission, ConfigError, Endpoint, InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class Scheduler:
         hooks: dict[int, Any] = {}
         for p in self.profiles:
             for plugin in (*p.filters, *(s for s, _ in p.scorers)):
-                if callable(getattr(plugin, "observe", None)):
+                if isinstance(plugin, RequestLifecycle):
                     hooks.setdefault(id(plugin), plugin)
         self.lifecycle_plugins = list(hooks.values())
 

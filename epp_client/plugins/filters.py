@@ -41,7 +41,8 @@ class PrefixCacheAffinityFilter(Plugin):
         if self.ttft_source == "prefillThroughput" and self.max_ttft_penalty_ms > 0 \
                 and self.peak_prefill_throughput <= 0:
             raise ConfigError(f"{self.TYPE}.peakPrefillThroughput",
-                              "must be > 0 when ttftSource is prefillThroughput and maxTTFTPenaltyMs > 0")
+                              "must be > 0 when ttftSource is prefillThroughput and maxTTFTPenaltyMs > 0, "
+                              f"got {self.peak_prefill_throughput!r}")
         self.rng = self.rng or random.Random()
 
     def _ttft(self, e: Endpoint) -> float:

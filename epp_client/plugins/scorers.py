@@ -163,7 +163,8 @@ class PrefixCacheScorer(Plugin):
 
     def setup(self) -> None:
         if self.match_length_weight > 0 and self.match_length_scale_tokens <= 0:
-            raise ConfigError(f"{self.TYPE}.matchLengthScaleTokens", "must be > 0 when matchLengthWeight > 0")
+            raise ConfigError(f"{self.TYPE}.matchLengthScaleTokens",
+                              f"must be > 0 when matchLengthWeight > 0, got {self.match_length_scale_tokens!r}")
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         w = self.match_length_weight
