@@ -7,7 +7,7 @@ camelCase), its default, its check and a line of documentation::
 
     class ProbabilisticAdmitter(Plugin):
         queue_depth_threshold: int = param("queueDepthThreshold", default=5, check=gt(0), doc="...")
-        rng: random.Random | None = None          # context, not a parameter
+        rng: random.Random = field(default_factory=random.Random)    # context, not a parameter
 
 From that one declaration come the constructor (snake_case keywords in declaration
 order), the validation (type, finiteness and range: a ``ConfigError`` naming
