@@ -69,7 +69,7 @@ def declared(cls: type) -> Iterator[tuple[str, Any, Setting]]:
     for f in dataclasses.fields(cls):
         spec = f.metadata.get("setting")
         if spec is not None:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
             yield f.name, default, spec
 
 
@@ -90,7 +90,7 @@ class EnvSettings:
         for name, _default, spec in declared(type(self)):
             try:
                 object.__setattr__(self, name, spec.parse(getattr(self, name)))
-            except ValueError as e:
+            except (ValueError, TypeError) as e:  # a wrong type given by keyword is a bad value too
                 problems.append((spec.env or name, str(e)))
         if not problems:
             try:
@@ -239,7 +239,7 @@ def http_url(v: Any) -> str:
     if p.scheme not in ("http", "https") or not p.hostname:
         raise ValueError(f"must be an http(s) URL, got {v!r}")
     try:
-        p.port
+        _ = p.port  # raises on a bad port
     except ValueError:
         raise ValueError(f"bad port in {v!r}") from None
     return s

@@ -11,8 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from features.settings import (EnvSettings, SettingsError, boolean, choice, host, http_url, integer, number,
-                               optional, setting, text, token)
+from features.settings import (
+    EnvSettings,
+    SettingsError,
+    boolean,
+    choice,
+    host,
+    http_url,
+    integer,
+    number,
+    optional,
+    setting,
+    text,
+    token,
+)
 
 __all__ = ["Settings", "SettingsError", "redact_url"]
 

@@ -11,8 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from features.settings import (EnvSettings, SettingsError, choice, existing_path, host, integer, number,
-                               optional, setting, text, token)
+from features.settings import (
+    EnvSettings,
+    SettingsError,
+    choice,
+    existing_path,
+    host,
+    integer,
+    number,
+    optional,
+    setting,
+    text,
+    token,
+)
 
 __all__ = ["Settings", "SettingsError"]
 
@@ -40,7 +51,8 @@ class Settings(EnvSettings):
                         "bind address (loopback by default; anything else is an explicit choice)")
     port: int = setting("LATENCY_TRAINING_PORT", 8000, integer(1, 65535), "TCP port (1-65535)")
     data_dir: Path = setting("LATENCY_DATA_DIR", Path("./latency-data"), _data_dir,
-                             "holds `samples.sqlite3` (the durable sample store) and `bundles/`")
+                             "holds `samples.sqlite3` (the durable sample store) and `bundles/`",
+                             shown="`./latency-data`")
     model_type: str = setting("LATENCY_MODEL_TYPE", "xgboost", choice("xgboost", "lightgbm"),
                               "`xgboost` or `lightgbm`")
     objective_type: str = setting("LATENCY_OBJECTIVE_TYPE", "quantile", choice("quantile", "mean"),

@@ -7,8 +7,18 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from features.settings import (EnvSettings, SettingsError, host, http_url, integer, number, optional, setting,
-                               text, url_list)
+from features.settings import (
+    EnvSettings,
+    SettingsError,
+    host,
+    http_url,
+    integer,
+    number,
+    optional,
+    setting,
+    text,
+    url_list,
+)
 
 __all__ = ["GatewaySettings", "SettingsError"]
 
