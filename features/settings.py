@@ -69,8 +69,10 @@ def declared(cls: type) -> Iterator[tuple[str, Any, Setting]]:
     for f in dataclasses.fields(cls):
         spec = f.metadata.get("setting")
         if spec is not None:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
-            yield f.name, default, spec
+            if f.default is dataclasses.MISSING:
+                yield f.name, f.default_factory(), spec  # type: ignore[misc,operator]
+            else:
+                yield f.name, f.default, spec
 
 
 class EnvSettings:
