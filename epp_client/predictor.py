@@ -23,7 +23,6 @@ blocks. Predictions map to rows by position.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections import deque
@@ -188,14 +187,6 @@ class _CallFailed(Exception):
         self.kind = kind
 
 
-def _env_int(name: str, default: int, ok: Callable[[int], bool]) -> int:
-    try:
-        v = int(os.environ.get(name, ""))
-    except ValueError:
-        return default
-    return v if ok(v) else default
-
-
 class PredictorClient:
     """HTTP client for N prediction servers (see the module docstring).
 
@@ -232,15 +223,11 @@ class PredictorClient:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "PredictorClient":
-        """Upstream environment variables (B1.6); invalid values keep the default."""
-        kw: dict[str, Any] = {
-            "urls": os.environ.get("PREDICTION_SERVER_URL") or "http://localhost:8001",
-            "max_bulk_size": _env_int("LATENCY_MAX_BULK_SIZE", MAX_BULK_SIZE, lambda v: 1 <= v <= 100),
-            "coalesce_window_ms": _env_int("LATENCY_COALESCE_WINDOW_MS", 0, lambda v: v >= 0),
-            "max_coalesced_rows": _env_int("LATENCY_MAX_COALESCED_ROWS", 0, lambda v: v >= 0),
-            "max_concurrent_dispatches": _env_int("LATENCY_MAX_CONCURRENT_DISPATCHES", 36, lambda v: v > 0),
-            "deadline_ms": _env_int("LATENCY_PREDICTION_DEADLINE_MS", 50, lambda v: v > 0),
-        }
+        """Upstream environment variables (B1.6, declared in ``epp_client.settings``); a bad
+        value raises SettingsError naming the variable. Keyword overrides win."""
+        from .settings import PredictorSettings
+
+        kw: dict[str, Any] = PredictorSettings.from_env().kwargs()
         kw.update(overrides)
         return cls(**kw)
 

@@ -14,7 +14,6 @@ Protocol: ``add(entries: list[dict]) -> None`` (never blocks on the network), pl
 """
 from __future__ import annotations
 
-import os
 import random
 import threading
 from collections import deque
@@ -109,19 +108,11 @@ class TrainingReporter:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "TrainingReporter":
-        def env_int(name: str, default: int) -> int:
-            try:
-                v = int(os.environ.get(name, ""))
-            except ValueError:
-                return default
-            return v if v > 0 else default
+        """Upstream environment variables (B1.7, declared in ``epp_client.settings``); a bad
+        value raises SettingsError naming the variable. Keyword overrides win."""
+        from .settings import ReporterSettings
 
-        kw: dict[str, Any] = {
-            "url": os.environ.get("TRAINING_SERVER_URL") or "http://localhost:8000",
-            "max_sample_size": env_int("LATENCY_MAX_SAMPLE_SIZE", 1000),
-            "flush_interval_s": float(env_int("LATENCY_FLUSH_INTERVAL_SEC", 1)),
-            "http_timeout_s": float(env_int("LATENCY_HTTP_TIMEOUT_SEC", 10)),
-        }
+        kw: dict[str, Any] = ReporterSettings.from_env().kwargs()
         kw.update(overrides)
         return cls(**kw)
 

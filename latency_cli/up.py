@@ -89,8 +89,9 @@ def _stop(children: list[Child]) -> None:
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Flags, then the servers' own variables, then the defaults; ``port_source`` and
     ``prediction_port_source`` say where each port came from."""
-    from prediction_server.settings import Settings as PredictionSettings, SettingsError as PredictionSettingsError
-    from training_server.settings import Settings as TrainingSettings, SettingsError as TrainingSettingsError
+    from features.settings import SettingsError
+    from prediction_server.settings import Settings as PredictionSettings
+    from training_server.settings import Settings as TrainingSettings
 
     env = os.environ if environ is None else environ
     ap = argparse.ArgumentParser(prog="latency-predictor up", description=__doc__.split("\n\n")[0])
@@ -107,9 +108,9 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     flags = {"LATENCY_TRAINING_PORT": ("--port", args.port), "LATENCY_DATA_DIR": ("--data-dir", args.data_dir)}
     try:  # only the variables up reads: the children validate the rest themselves
         ts = TrainingSettings.from_env({k: env[k] for k in flags if k in env}, port=args.port, data_dir=args.data_dir)
-    except TrainingSettingsError as e:
-        flag, given = flags[e.env]
-        ap.error(f"{flag}: {e.msg}" if given is not None else str(e))
+    except SettingsError as e:
+        ap.error("; ".join(f"{flags[env][0]}: {msg}" if flags[env][1] is not None else f"{env}: {msg}"
+                           for env, msg in e.problems))
     args.port, args.data_dir = ts.port, str(ts.data_dir)
     args.port_source = "--port" if flags["LATENCY_TRAINING_PORT"][1] is not None else (
         "LATENCY_TRAINING_PORT" if env.get("LATENCY_TRAINING_PORT") else "default")
@@ -120,7 +121,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
         try:
             args.prediction_port = PredictionSettings.from_env(
                 {"LATENCY_PREDICTION_PORT": env["LATENCY_PREDICTION_PORT"]}).port
-        except PredictionSettingsError as e:
+        except SettingsError as e:
             ap.error(str(e))
     else:
         args.prediction_port, args.prediction_port_source = args.port + 1, "after the training port"

@@ -203,6 +203,12 @@ def test_sidecar_count_three_gives_three_prediction_servers_and_epp_urls(epp_cha
     assert {_flag(c, "--host") for c in training + prediction} == {"127.0.0.1"}
     # llm-d's EPP settings come along
     assert env["LATENCY_MAX_SAMPLE_SIZE"] == "10000" and env["LATENCY_COALESCE_WINDOW_MS"] == "1"
+    # ... and the EPP clients accept them (a bad value would stop the EPP at start-up)
+    from epp_client.settings import PredictorSettings, ReporterSettings
+
+    ps, rs = PredictorSettings.from_env(env), ReporterSettings.from_env(env)
+    assert (len(ps.urls), ps.coalesce_window_ms, ps.max_concurrent_dispatches) == (3, 1, 36)
+    assert (rs.url, rs.max_sample_size) == ("http://127.0.0.1:8000", 10000)
 
 
 @pytest.mark.parametrize("values, expected", [

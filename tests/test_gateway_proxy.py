@@ -325,14 +325,23 @@ def test_sse_observer_counts_tokens_across_split_chunks():
 
 
 def test_settings_validation_names_the_setting():
-    with pytest.raises(SettingsError, match="endpoints"):
+    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_ENDPOINTS"):
         GatewaySettings(endpoints=[])
-    with pytest.raises(SettingsError, match="endpoints"):
+    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_ENDPOINTS.*ftp://x"):
         GatewaySettings(endpoints=["ftp://x"])
-    with pytest.raises(SettingsError, match="idle_timeout_s"):
+    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_ENDPOINTS: duplicate"):
+        GatewaySettings(endpoints=["http://127.0.0.1:1", "http://127.0.0.1:1/"])
+    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_IDLE_TIMEOUT_S"):
         GatewaySettings(endpoints=["http://127.0.0.1:1"], idle_timeout_s=0)
-    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_PORT"):
+    with pytest.raises(SettingsError, match="record_capacity"):  # set by keyword only: named by its attribute
+        GatewaySettings(endpoints=["http://127.0.0.1:1"], record_capacity=0)
+    with pytest.raises(SettingsError, match="LATENCY_GATEWAY_PORT: must be an integer, got 'x'"):
         GatewaySettings.from_env_and_args({"endpoints": ["http://127.0.0.1:1"]}, {"LATENCY_GATEWAY_PORT": "x"})
+    # a flag wins over its variable; a blank variable counts as unset
+    s = GatewaySettings.from_env_and_args({"endpoints": None, "port": 9, "log_level": "info"},
+                                          {"LATENCY_GATEWAY_ENDPOINTS": "http://a:1, http://b:2/",
+                                           "LATENCY_GATEWAY_PORT": "x", "TRAINING_SERVER_URL": " "})
+    assert (s.endpoints, s.port, s.training_url) == (["http://a:1", "http://b:2"], 9, None)
 
 
 def test_cli_command_serves_and_rejects_bad_settings(engines, tmp_path):
@@ -341,7 +350,7 @@ def test_cli_command_serves_and_rejects_bad_settings(engines, tmp_path):
 
     bad = subprocess.run([sys.executable, "-m", "latency_cli.main", "gateway", "--endpoints", "ftp://x"],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "endpoints" in bad.stderr
+    assert bad.returncode == 2 and "LATENCY_GATEWAY_ENDPOINTS" in bad.stderr and "ftp://x" in bad.stderr
     port = free_port()
     cfg = tmp_path / "epp.yaml"
     cfg.write_text("plugins:\n- type: queue-scorer\n- type: max-score-picker\n")

@@ -17,10 +17,7 @@ def test_defaults_match_the_documented_table():
     assert s.max_inflight_bytes == 16 * 1024 * 1024  # one body of the largest size at a time
     assert (s.api_token, s.bundles_keep, s.publish_tolerance, s.log_level, s.seed_bundle) == (None, 5, 0.02, "info", None)
     assert s.store_path == Path("./latency-data/samples.sqlite3")
-    # every setting is documented in the module docstring table
-    import training_server.settings as mod
-    for env in s.env_names().values():
-        assert f"`{env}`" in mod.__doc__
+    # the README's table is generated from these declarations: tests/test_settings.py
 
 
 def test_environment_parsing_and_overrides(tmp_path):

@@ -70,6 +70,10 @@ def test_data_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert named in err and "not a directory" in err and str(a_file) in err
+    with pytest.raises(SystemExit):  # two bad sources: both named
+        parse_args(["--data-dir", str(a_file)], {"LATENCY_TRAINING_PORT": "http"})
+    err = capsys.readouterr().err
+    assert "LATENCY_TRAINING_PORT: must be an integer" in err and "--data-dir: " in err
     # the real command: exit 2 and a message, no traceback
     r = subprocess.run([sys.executable, "-m", "latency_cli.main", "up", "--data-dir", str(a_file)],
                        cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -1,109 +1,90 @@
-"""The gateway's one validated settings object (CLI flags, then LATENCY_GATEWAY_* env)."""
+"""The gateway's one validated settings object: CLI flags, then the variables declared
+below (a blank variable counts as unset). Fields declared without a variable are set by
+keyword only. The README's gateway table is ``GatewaySettings.doc_table()``."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from features.settings import (
+    EnvSettings,
+    SettingsError,
+    host,
+    http_url,
+    integer,
+    number,
+    optional,
+    setting,
+    text,
+    url_list,
+)
+
+__all__ = ["GatewaySettings", "SettingsError"]
 
 
-class SettingsError(ValueError):
-    def __init__(self, name: str, msg: str) -> None:
-        self.name = name
-        super().__init__(f"{name}: {msg}")
+def _config_file(v: Any) -> str:
+    path = text(v)
+    if not os.path.isfile(path):
+        raise ValueError(f"no such file: {path}")
+    return path
 
 
-def _parse_url(name: str, u: str) -> str:
-    u = u.strip().rstrip("/")
-    p = urlsplit(u)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        raise SettingsError(name, f"not an http(s) URL: {u!r}")
-    try:
-        p.port
-    except ValueError:
-        raise SettingsError(name, f"bad port in {u!r}") from None
-    return u
+def _objectives(v: Any) -> dict[str, int]:
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(p, int) and not isinstance(p, bool)
+                                             for k, p in v.items()):
+        raise ValueError(f"must map objective names to integer priorities, got {v!r}")
+    return dict(v)
+
+
+_POSITIVE = number(0.0, lo_open=True)
+_COUNT = integer(1)
 
 
 @dataclass
-class GatewaySettings:
-    endpoints: list[str]
-    host: str = "127.0.0.1"
-    port: int = 8080
-    config: str | None = None                 # EndpointPickerConfig YAML for epp_client
-    prediction_urls: list[str] = field(default_factory=list)
-    training_url: str | None = None
-    scrape_interval_s: float = 0.2
-    scrape_timeout_s: float = 1.0
-    connect_timeout_s: float = 2.0
-    first_byte_timeout_s: float = 120.0       # dispatch -> first body byte (whole reply when not streaming)
-    idle_timeout_s: float = 60.0              # between two body chunks
-    request_timeout_s: float = 600.0          # whole request
-    max_attempts: int = 2                     # endpoints tried before the first byte
-    max_body_bytes: int = 8 << 20
-    max_concurrency: int = 1024               # requests in flight through the gateway
-    block_size_tokens: int = 64
-    max_prefix_blocks: int = 2048
-    lru_capacity_per_endpoint: int = 31250
-    record_capacity: int = 20000              # per-request records kept for /gateway/requests
-    objectives: dict[str, int] = field(default_factory=dict)  # x-llm-d-inference-objective -> priority
+class GatewaySettings(EnvSettings):
+    blank_is_unset = True
 
-    def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise SettingsError("endpoints", "at least one endpoint URL is required")
-        self.endpoints = [_parse_url("endpoints", u) for u in self.endpoints]
-        if len(set(self.endpoints)) != len(self.endpoints):
-            raise SettingsError("endpoints", "duplicate endpoint URL")
-        self.prediction_urls = [_parse_url("prediction_urls", u) for u in self.prediction_urls if u.strip()]
-        if self.training_url:
-            self.training_url = _parse_url("training_url", self.training_url)
-        if not (0 <= self.port <= 65535):
-            raise SettingsError("port", "must be in 0..65535")
-        for name in ("scrape_interval_s", "scrape_timeout_s", "connect_timeout_s",
-                     "first_byte_timeout_s", "idle_timeout_s", "request_timeout_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise SettingsError(name, "must be a number > 0")
-        for name in ("max_attempts", "max_body_bytes", "max_concurrency", "block_size_tokens",
-                     "max_prefix_blocks", "lru_capacity_per_endpoint", "record_capacity"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and v >= 1):
-                raise SettingsError(name, "must be an integer >= 1")
-        if self.config is not None and not os.path.isfile(self.config):
-            raise SettingsError("config", f"no such file: {self.config}")
+    endpoints: list[str] = setting("LATENCY_GATEWAY_ENDPOINTS", [], url_list(min_items=1, unique=True),
+                                   "comma-separated base URLs of the model servers (`--endpoints`; required)")
+    host: str = setting("LATENCY_GATEWAY_HOST", "127.0.0.1", host, "bind address (`--host`)")
+    port: int = setting("LATENCY_GATEWAY_PORT", 8080, integer(0, 65535), "listen port, 0 = any free port (`--port`)")
+    config: str | None = setting("LATENCY_GATEWAY_CONFIG", None, optional(_config_file),
+                                 "EndpointPickerConfig YAML for the epp_client scheduler (`--config`); "
+                                 "unset: the built-in router")
+    prediction_urls: list[str] = setting("PREDICTION_SERVER_URL", [], url_list(),
+                                         "prediction servers, comma-separated (`--prediction-urls`); unset: "
+                                         "the EPP client's own default")
+    training_url: str | None = setting("TRAINING_SERVER_URL", None, optional(http_url),
+                                       "training server (`--training-url`); unset: the EPP client's own default")
+    scrape_interval_s: float = setting("LATENCY_GATEWAY_SCRAPE_INTERVAL_S", 0.2, _POSITIVE,
+                                       "seconds between endpoint metric scrapes (`--scrape-interval`)")
+    scrape_timeout_s: float = setting(None, 1.0, _POSITIVE)
+    connect_timeout_s: float = setting("LATENCY_GATEWAY_CONNECT_TIMEOUT_S", 2.0, _POSITIVE,
+                                       "seconds to connect to an endpoint")
+    first_byte_timeout_s: float = setting("LATENCY_GATEWAY_FIRST_BYTE_TIMEOUT_S", 120.0, _POSITIVE,
+                                          "seconds from dispatch to the first body byte (the whole reply when "
+                                          "not streaming) (`--first-byte-timeout`)")
+    idle_timeout_s: float = setting("LATENCY_GATEWAY_IDLE_TIMEOUT_S", 60.0, _POSITIVE,
+                                    "seconds allowed between two body chunks (`--idle-timeout`)")
+    request_timeout_s: float = setting("LATENCY_GATEWAY_REQUEST_TIMEOUT_S", 600.0, _POSITIVE,
+                                       "seconds for a whole request (`--request-timeout`)")
+    max_attempts: int = setting("LATENCY_GATEWAY_MAX_ATTEMPTS", 2, _COUNT,
+                                "endpoints tried before the first byte (`--max-attempts`)")
+    max_body_bytes: int = setting(None, 8 << 20, _COUNT)
+    max_concurrency: int = setting("LATENCY_GATEWAY_MAX_CONCURRENCY", 1024, _COUNT,
+                                   "requests in flight through the gateway")
+    block_size_tokens: int = setting("LATENCY_GATEWAY_BLOCK_SIZE_TOKENS", 64, _COUNT,
+                                     "tokens per prefix-cache block (`--block-size-tokens`)")
+    max_prefix_blocks: int = setting(None, 2048, _COUNT)
+    lru_capacity_per_endpoint: int = setting(None, 31250, _COUNT)
+    record_capacity: int = setting(None, 20000, _COUNT)     # per-request records kept for /gateway/requests
+    # x-llm-d-inference-objective -> priority (--objective NAME=PRIORITY)
+    objectives: dict[str, int] = setting(None, {}, _objectives)
 
     @classmethod
-    def from_env_and_args(cls, args: dict, env: dict[str, str] | None = None) -> "GatewaySettings":
-        """``args`` (argparse dict, None = unset) wins over the environment."""
-        env = dict(os.environ if env is None else env)
-
-        def pick(key: str, env_name: str, conv, default=None):
-            v = args.get(key)
-            if v is not None:
-                return v
-            if env_name in env and env[env_name].strip():
-                try:
-                    return conv(env[env_name])
-                except ValueError:
-                    raise SettingsError(env_name, f"bad value {env[env_name]!r}") from None
-            return default
-
-        def urls(s: str) -> list[str]:
-            return [x for x in s.split(",") if x.strip()]
-
-        kw: dict = {}
-        kw["endpoints"] = pick("endpoints", "LATENCY_GATEWAY_ENDPOINTS", urls, [])
-        kw["prediction_urls"] = pick("prediction_urls", "PREDICTION_SERVER_URL", urls, [])
-        tu = pick("training_url", "TRAINING_SERVER_URL", str, None)
-        kw["training_url"] = tu
-        for key, conv in (("host", str), ("port", int), ("config", str),
-                          ("scrape_interval_s", float), ("first_byte_timeout_s", float),
-                          ("idle_timeout_s", float), ("request_timeout_s", float),
-                          ("connect_timeout_s", float), ("max_attempts", int),
-                          ("block_size_tokens", int), ("max_concurrency", int)):
-            v = pick(key, "LATENCY_GATEWAY_" + key.upper(), conv, None)
-            if v is not None:
-                kw[key] = v
-        obj = args.get("objectives")
-        if obj:
-            kw["objectives"] = obj
-        return cls(**kw)
+    def from_env_and_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> "GatewaySettings":
+        """``args`` (argparse dict, None = unset; keys that are no setting are ignored)
+        wins over the environment."""
+        names = {f for f in cls.__dataclass_fields__}
+        return cls.from_env(env, **{k: v for k, v in args.items() if k in names})
