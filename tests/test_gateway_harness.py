@@ -10,9 +10,10 @@ from epp_client.gateway.app import build_app
 from epp_client.gateway.core import Gateway
 from epp_client.gateway.settings import GatewaySettings
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
+from load.real_engine.driver import Result, drive, fetch_records
 from load.real_engine.gateway_policy import build_router
-from load.real_engine.harness import Result, accuracy, drive, fetch_records, pinball, pool_rounds, summarize
 from load.real_engine.report import write_report
+from load.real_engine.stats import accuracy, pinball, pool_rounds, summarize
 from load.real_engine.workload import make_workload, prompt_for
 
 

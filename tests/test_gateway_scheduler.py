@@ -144,7 +144,11 @@ def test_denied_admission_is_429_with_the_reason(servers, engines):
     gw, srv = start(servers["tmp"], [e.url for e in engines], ADMITTER_CONFIG, [servers["prediction"]],
                     servers["training"], objectives={"batch": -1})
     try:
-        time.sleep(0.2)  # one scrape
+        deadline = time.monotonic() + 10  # the gateway scraped the engines' load
+        while not all(e["running"] == 3 and e["kv_cache_usage"] == 0.5
+                      for e in httpx.get(srv.url + "/gateway/endpoints").json()):
+            assert time.monotonic() < deadline, httpx.get(srv.url + "/gateway/endpoints").json()
+            time.sleep(0.05)
         impossible = {"x-llm-d-slo-ttft-ms": "0.001", "x-llm-d-slo-tpot-ms": "0.001"}
         body = {"prompt": "hello", "max_tokens": 2, "stream": True}
         r = httpx.post(srv.url + "/v1/completions", json=body, headers={**impossible, "x-llm-d-priority": "-1"})

@@ -43,6 +43,23 @@ def wait_version(c: httpx.Client, prefix: str, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def sync_attempts(c: httpx.Client, result: str) -> float:
+    """Syncs that ended with ``result`` (the poller's and /reload's), from /metrics."""
+    prefix = f'latency_prediction_sync_attempts_total{{result="{result}"}} '
+    found = [ln for ln in c.get("/metrics").text.splitlines() if ln.startswith(prefix)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def wait_polls(c: httpx.Client, result: str, n: int, timeout: float = 15.0) -> None:
+    """Wait until the poller has ended ``n`` more syncs with ``result``: the witness that it
+    ran, before a test asserts that nothing changed."""
+    target = sync_attempts(c, result) + n
+    end = time.monotonic() + timeout
+    while sync_attempts(c, result) < target:
+        assert time.monotonic() < end, f"the poller did not sync {n} more times ({result})"
+        time.sleep(0.05)
+
+
 def offline(path: Path) -> LoadedBundle:
     return LoadedBundle.from_files(*read_bundle(path))
 
@@ -65,7 +82,7 @@ def remote(tmp_path):
 def test_poll_picks_up_new_bundle_with_etag(remote):
     root, bs, c = remote
     before = c.post("/predict/bulk/strict", json={"requests": rows(8)}).json()["predictions"]
-    time.sleep(0.5)  # several polls of an unchanged registry: 304s, no file downloads
+    wait_polls(c, "unchanged", 2)  # several polls of an unchanged registry: 304s, no file downloads
     assert sum(p.startswith("/v1/bundles/v000001-") for p in bs.requests) == 2  # ttft + tpot, once
     path2 = build_bundle(root, 2, "xgboost", rounds=41)
     wait_version(c, "v000002-")
@@ -184,7 +201,7 @@ def test_bundle_server_killed_keeps_serving(remote):
     bs.stop()
     r = c.post("/reload")
     assert r.status_code == 502 and r.json()["reason"] == "network"
-    time.sleep(0.4)
+    wait_polls(c, "failed", 1)  # the poller failed too (it backs off)
     for _ in range(5):
         d = c.post("/predict/bulk/strict", json={"requests": rows(4)})
         assert d.status_code == 200 and d.json()["model_version"] == v1
@@ -199,7 +216,7 @@ def test_never_downgrade(remote):
     bs.latest = v1  # the registry rolls back (or a stale replica answers)
     r = c.post("/reload").json()
     assert r["result"] == "unchanged" and r["served_version"] == v2
-    time.sleep(0.4)
+    wait_polls(c, "unchanged", 2)
     assert version_of(c) == v2
 
 

@@ -27,6 +27,13 @@ def rows(entries):
     return entries_to_rows([parse_training_entry(e) for e in entries])
 
 
+def retrain_skips(c: httpx.Client) -> float:
+    """The worker's checks that found too few new samples (/metrics): it is alive and idle."""
+    text = c.get("/metrics").text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("latency_training_retrain_skips_total ")]
+    return float(line.split()[1])
+
+
 @pytest.fixture
 def parts(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite3", max_rows=100_000, queue_size=100_000, test_ratio=0.1).open()
@@ -211,9 +218,13 @@ def test_bundle_endpoints_end_to_end(tmp_path):
         assert 'latency_training_heldout_pinball_ms{regime="all",target="ttft"}' in metrics
         assert 'latency_training_heldout_coverage_percent{regime="all",target="tpot"}' in metrics
         assert f'latency_training_served_bundle{{source="learned",version="{version}"}} 1.0' in metrics
-        # no new data: no retrain, no new bundle
+        # no new data: no retrain, no new bundle, while the worker keeps checking
         cycles = c.get("/data/status").json()["retrain_cycles"]
-        time.sleep(1.0)
+        skips = retrain_skips(c)
+        deadline = time.monotonic() + 30
+        while retrain_skips(c) < skips + 3:
+            assert time.monotonic() < deadline, "the retrain worker stopped checking"
+            time.sleep(0.1)
         status = c.get("/data/status").json()
         assert status["retrain_cycles"] == cycles and status["served_version"] == version
         export = c.get("/model/export").json()

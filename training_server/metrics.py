@@ -43,6 +43,8 @@ class TrainingMetrics:
         self.retrains = Counter(PREFIX + "retrains", "Retrain cycles that trained a candidate, by outcome",
                                 ["outcome"], registry=r)
         self.retrain_failures = Counter(PREFIX + "retrain_failures", "Retrain cycles that failed", registry=r)
+        self.retrain_skips = Counter(PREFIX + "retrain_skips", "Retrain checks that found too few new samples",
+                                     registry=r)
         self.retrain_seconds = Histogram(PREFIX + "retrain_seconds", "Retrain cycle wall time", registry=r,
                                          buckets=(.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
         self.served_bundle = Gauge(PREFIX + "served_bundle", "Served bundle (1 for the current version)",

@@ -301,6 +301,7 @@ class RetrainWorker:
             self.last = recal
         need, why = self.threshold()
         if self.new_samples < need:
+            self.metrics.retrain_skips.inc()
             return CycleReport("skipped", f"{self.new_samples} new samples < {need}")
         if why:
             log.info("retraining early: %s", why)

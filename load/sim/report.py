@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from .engine import SimResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 KEYS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms",
         "e2e_p90_ms", "slo_attainment", "goodput_rps", "throughput_rps", "prefix_hit_rate", "imbalance", "shed")

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import workloads as W
 from .scenarios import STANDARD_SLO, Scenario
 from .stepmodel import get_preset
-from .workloads import AZURE_COLUMNS, TraceError, open_trace
+from .workloads import AZURE_COLUMNS, Arrival, TraceError, open_trace
 
 DEFAULT_PRESET = "llama3-8b-a100"
 DEFAULT_SERVERS = 8
