@@ -29,6 +29,8 @@ from pathlib import Path
 import httpx
 import orjson
 
+from features.scoring import pinball_loss
+
 from .build import build_llama_server, install_model
 from .gateway_policy import POLICIES
 from .workload import Workload, make_workload, prompt_for
@@ -195,9 +197,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def pinball(actual: list[float], pred: list[float], q: float = QUANTILE) -> float | None:
-    if not actual:
-        return None
-    return sum(max(q * (a - p), (q - 1) * (a - p)) for a, p in zip(actual, pred)) / len(actual)
+    return pinball_loss(actual, pred, q) if actual else None
 
 
 def accuracy(records: list[dict]) -> dict:
