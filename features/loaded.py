@@ -135,7 +135,7 @@ class Calibration:
         return cal
 
     def apply(self, y: np.ndarray, raw: np.ndarray) -> np.ndarray:
-        if self.regime_scale is not None:
+        if self.regime_scale is not None and self.regime_offset is not None:
             idx = regimes(raw)
             return y * self.regime_scale[idx] + self.regime_offset[idx]
         if self.scale == 1.0 and self.offset == 0.0:

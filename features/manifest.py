@@ -102,6 +102,8 @@ class Record:
 
     #: field name -> parser of its JSON value (nested records); others are frozen JSON
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+    #: keys without a field, and fields given as null (kept to be written back)
+    extra: Mapping[str, Any] = field(default_factory=_empty, kw_only=True)
 
     @classmethod
     def from_json(cls: type[R], obj: Mapping[str, Any]) -> R:
@@ -147,7 +149,6 @@ class ModelFile(Record):
     format: str
     size: int
     sha256: str
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -157,14 +158,12 @@ class Linear(Record):
     coef: Mapping[str, float] | None = None
     link: str | None = None
     upper: Mapping[str, float] | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
 class RegimeCalibration(Record):
     offset_ms: float | None = None  # None: the target's global value
     scale: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,6 @@ class TargetCalibration(Record):
     by_regime: Mapping[str, RegimeCalibration] | None = None
     n_calibration: int | None = None
     live_factor: float | None = None  # the live correction it carries (1 when absent)
-    extra: Mapping[str, Any] = field(default_factory=_empty)
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"by_regime": per_key(RegimeCalibration)}
 
     @property
@@ -200,7 +198,6 @@ class Scores(Record):
     n: int | None = None
     residual_std: float | None = None
     by_regime: Mapping[str, "Scores"] | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 Scores.NESTED = {"by_regime": per_key(Scores)}  # type: ignore[misc]  # (self-referential)
@@ -210,14 +207,12 @@ Scores.NESTED = {"by_regime": per_key(Scores)}  # type: ignore[misc]  # (self-re
 class Training(Record):
     n_train: int | None = None
     n_test: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
 class Lineage(Record):
     id: str
     created_at: float
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -226,7 +221,6 @@ class SeededFrom(Record):
     seed's local ``path``: dropped when read, it is never served)."""
     version: str
     lineage: Lineage | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"lineage": Lineage.from_json}
 
     @classmethod
@@ -240,7 +234,6 @@ class SeededFrom(Record):
 class TrainedOn(Record):
     max_row_id: int | None = None  # newest store row the bundle was trained on
     stored_rows: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -249,7 +242,6 @@ class Features(Record):
     feature_set: str | None = None
     raw_columns: tuple[str, ...] | None = None
     features: Mapping[str, tuple[str, ...]] | None = None  # per target, the model's columns
-    extra: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True)
@@ -274,7 +266,6 @@ class Manifest(Record):
     trained_on: TrainedOn | None = None
     recipe: Mapping[str, Any] | None = None
     recalibrated: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=_empty)
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "models": per_key(ModelFile), "prior": per_key(Linear), "base": per_key(Linear),
         "calibration": per_key(TargetCalibration), "training": per_key(Training), "metrics": per_key(Scores),

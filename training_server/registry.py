@@ -106,13 +106,13 @@ class Registry:
             log.info("serving bundle %s from disk", bundle.version)
             return bundle
         if seed is not None:
-            manifest, files = read_seed(seed)
+            seed_manifest, seed_files = read_seed(seed)
             # row ids of another deployment's store mean nothing here; where the seed came
             # from, by its identity (never a local filesystem path)
-            seeded = manifest.updated(trained_on=None,
-                                      seeded_from={"version": manifest.version, "lineage": manifest.lineage})
-            bundle = self.publish(seeded, files)
-            log.info("imported seed bundle %s from %s as %s", manifest.version, seed, bundle.version)
+            seeded = seed_manifest.updated(trained_on=None, seeded_from={"version": seed_manifest.version,
+                                                                         "lineage": seed_manifest.lineage})
+            bundle = self.publish(seeded, seed_files)
+            log.info("imported seed bundle %s from %s as %s", seed_manifest.version, seed, bundle.version)
             return bundle
         return self._served
 
