@@ -13,7 +13,7 @@ error, non-200, count mismatch, deadline); the caller then falls back (B1.9) and
 blocks. Predictions map to rows by position.
 
 - :class:`InProcessPredictor` (``get_bundle()`` returns a
-  ``prediction_server.model.LoadedBundle``): validates rows with
+  ``features.loaded.LoadedBundle``): validates rows with
   ``features.matrix.raw_matrix`` and calls ``bundle.predict``; for simulators.
 - :class:`PredictorClient`: HTTP to N prediction servers (``POST /predict/bulk/strict``),
   spread round-robin, retry once on another server on connection failure, a per-call

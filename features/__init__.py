@@ -1,4 +1,7 @@
-"""The one definition of every feature and wire type (see docs/wire-api.md)."""
+"""The one definition of every feature and wire type (see docs/wire-api.md), and the model
+layer below both servers: ``manifest`` (the typed bundle manifest), ``bundle`` (manifest rules
+and bundle directories on disk), ``loaded`` (a bundle ready to predict), ``scoring`` (pinball
+loss, coverage)."""
 from .schema import (COL, MAX_INT, POD_TYPES, RAW_COLUMNS, ROW_FIELDS, SCHEMA_VERSION, FieldError,
                      TrainingEntry, parse_row, parse_training_entry, row_from_raw, row_json_schema,
                      training_entry_json_schema)

@@ -1,29 +1,12 @@
-"""Model bundles: the manifest (a wire type) and safe writing/reading of bundle directories.
+"""Model bundles: the manifest's rules and safe writing/reading of bundle directories.
 
 A bundle is a directory named by its version holding ``manifest.json`` and one native
 model file per target (XGBoost UBJSON/JSON, LightGBM text). Nothing here unpickles or
 executes anything: files are bytes checked against the manifest's size and sha256.
 
-Manifest keys (all JSON)::
-
-    version          "v000042-20261202T124500Z" (sortable; the ETag)
-    created_at       RFC 3339
-    schema_version   int, features.schema.SCHEMA_VERSION at training time
-    features         features.matrix.schema_description()
-    model_kind       "xgboost" | "lightgbm" | "prior"   (prior: no model files)
-    objective        "quantile" | "mean"
-    quantile         float in (0, 1)
-    mode             "streaming" | "e2e"
-    models           {target: {"file", "format", "size", "sha256"}}   (targets present)
-    prior            {target: {"intercept", "coef": {feature: w}}}     (always present)
-    base             {target: {"intercept", "coef": {feature: w >= 0}, "link": "add"}}  (optional:
-                     the linear base a target's trees learn the residual over; see features.prior)
-    calibration      {target: {"offset_ms": float, "scale": float,
-                               "by_regime": {regime: {"offset_ms", "scale"}}}}  (optional)
-    training         {target: {"n_train": int, "n_test": int}}
-    metrics          {target: {"pinball": float, "coverage": float, "residual_std": float, ...}}
-    lineage          {"id": hex, "created_at": unix seconds}   (optional: the store the
-                     bundle was trained from; see prediction_server.acceptance)
+This module works on the manifest's JSON (the keys are listed in :mod:`features.manifest`,
+whose ``Manifest.from_json`` calls :func:`validate_manifest` and gives the typed value the
+servers read).
 
 Every number in a manifest must be finite, and the numbers the hot path uses must be in a
 sane range (:func:`validate_numbers`), so a forged or corrupted manifest is refused

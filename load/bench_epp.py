@@ -188,7 +188,7 @@ def bench(mode: str, n_requests: int, n_endpoints: int) -> dict:
         out["stub_sync"] = run_sync(s, workload)
         out["stub_async"] = asyncio.run(run_async(s, workload))
     if mode in ("inprocess", "all"):
-        from prediction_server.model import LoadedBundle
+        from features.loaded import LoadedBundle
 
         bundle = LoadedBundle.builtin_prior()
         s = Scheduler.from_config(REFERENCE_CONFIG, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),

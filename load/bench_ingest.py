@@ -32,7 +32,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training_server.testing import load_entries  # noqa: E402
+from load.data import load_entries  # noqa: E402
 
 
 def _free_port() -> int:
@@ -142,7 +142,7 @@ from features.schema import parse_training_entry, COL
 from training_server.metrics import TrainingMetrics
 from training_server.registry import Registry
 from training_server.store import SampleStore, entries_to_rows
-from training_server.testing import load_entries
+from load.data import load_entries
 from training_server.trainer import TrainConfig
 from training_server.worker import RetrainWorker
 n = int(sys.argv[1])
@@ -169,9 +169,9 @@ worker = RetrainWorker(store, Registry(d / "bundles", keep=2), TrainingMetrics()
 t0 = time.perf_counter()
 report = worker.run_once()
 took = time.perf_counter() - t0
-m = worker.registry.served.manifest.get("training", {})
+m = worker.registry.served.manifest
 print(json.dumps({"stored": store.rows, "fill_s": fill, "retrain_s": took, "outcome": report.outcome,
-                  "n_train": {t: (m.get(t) or {}).get("n_train") for t in ("ttft", "tpot")},
+                  "n_train": {t: m.n_train(t) for t in ("ttft", "tpot")},
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "rss_before_retrain_mb": rss0 / 1024}))
 store.close()

@@ -8,7 +8,10 @@ Modules:
   local bundle directory), verifying size and sha256 before loading and swapping.
 - ``app``: ``create_app(settings) -> FastAPI``; prediction routes are raw ASGI handlers.
 - ``metrics``: per-app Prometheus registry.
-- ``model``: ``LoadedBundle`` (shared with the training server).
-- ``demo_bundle``, ``testing``: real bundles from a recorded trace and test servers.
+- ``acceptance``: which bundle may replace the served one (lineage, version).
+- ``demo_bundle``: real bundles from a recorded trace (tests and ``load/bench_predict.py``).
+
+The loaded bundle and the manifest are ``features.loaded`` and ``features.manifest`` (shared
+with the training server; the two servers never import each other).
 - ``__main__``: ``latency-prediction-server`` (uvicorn, uvloop + httptools, one thread).
 """

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
 
 from features.bundle import BundleError, validate_lineage, version_seq
+from features.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,19 @@ class Rank:
     seq: int
 
     @classmethod
-    def of(cls, manifest: Mapping, version: str, learned: bool) -> "Rank":
+    def of(cls, manifest: Manifest, version: str, learned: bool) -> "Rank":
         try:
             seq = version_seq(version)
         except BundleError:  # the built-in prior ("prior-default")
             return cls(version, False, learned, None, -math.inf, -1)
-        lineage = manifest.get("lineage")
-        lid, created = validate_lineage(lineage) if lineage is not None else (None, -math.inf)
+        lineage = manifest.lineage
+        lid, created = validate_lineage(lineage.to_json()) if lineage is not None else (None, -math.inf)
         return cls(version, True, learned, lid, created, seq)
 
     @classmethod
-    def of_manifest(cls, manifest: Mapping) -> "Rank":
-        """Rank of a validated manifest (learned when it lists model files)."""
-        return cls.of(manifest, manifest["version"], bool(manifest["models"]))
+    def of_manifest(cls, manifest: Manifest) -> "Rank":
+        """Rank of a manifest (learned when it lists model files)."""
+        return cls.of(manifest, manifest.version, bool(manifest.models))
 
     def key(self) -> tuple[float, int]:
         """Sort key among candidates: newest lineage first, then highest version."""

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from features.bundle import make_version, write_bundle
-from features.matrix import FEATURES, TARGETS, model_matrix, schema_description
+from features.manifest import build_manifest
+from features.matrix import FEATURES, TARGETS, model_matrix
 from features.prior import DEFAULT_PRIOR, upper_values
-from features.schema import SCHEMA_VERSION, parse_training_entry
+from features.schema import parse_training_entry
 from load.data import SHAREGPT, open_data
 
 QUANTILE = 0.9
@@ -43,7 +43,8 @@ def load_trace(path: str = str(SHAREGPT)) -> tuple[np.ndarray, np.ndarray, np.nd
 @functools.lru_cache(maxsize=16)
 def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGPT),
                 max_depth: int = 5) -> tuple[dict, dict, dict]:
-    """Train one model per target; returns (files {name: bytes}, models spec, metrics)."""
+    """Train one model per target; returns (files {name: bytes}, models {target: (file, format)},
+    metrics {target: {"coverage" (%), "residual_std" (ms)}})."""
     raw, ttft, tpot = load_trace(path)
     files, models, metrics = {}, {}, {}
     for target, y_all in zip(TARGETS, (ttft, tpot)):
@@ -71,9 +72,9 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
         else:
             raise ValueError(f"unknown model kind {kind!r}")
         files[name] = data
-        models[target] = {"file": name, "format": fmt}
+        models[target] = (name, fmt)
         resid = y - np.asarray(pred)
-        metrics[target] = {"coverage": float(np.mean(resid <= 0)), "residual_std": float(np.std(resid))}
+        metrics[target] = {"coverage": float(np.mean(resid <= 0) * 100.0), "residual_std": float(np.std(resid))}
     return files, models, metrics
 
 
@@ -96,23 +97,9 @@ def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
     ``kind="prior"`` writes a prior-only bundle (no model files); ``lineage`` is copied into
     the manifest as is."""
     files, models, metrics = ({}, {}, {}) if kind == "prior" else train_files(kind, rounds, max_depth=max_depth)
-    manifest = {
-        "version": make_version(seq),
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "schema_version": SCHEMA_VERSION,
-        "features": schema_description(),
-        "model_kind": kind,
-        "objective": "quantile",
-        "quantile": QUANTILE,
-        "mode": "streaming",
-        "models": models,
-        "prior": DEFAULT_PRIOR,
-        "base": {} if kind == "prior" else demo_base(),
-        "training": {t: {"n_train": 0, "n_test": 0} for t in TARGETS},
-        "metrics": metrics,
-    }
-    if calibration:
-        manifest["calibration"] = calibration
-    if lineage is not None:
-        manifest["lineage"] = lineage
-    return write_bundle(Path(root), manifest, files)
+    manifest = build_manifest(
+        version=make_version(seq), model_kind=kind, quantile=QUANTILE, mode="streaming", models=models, files=files,
+        prior=DEFAULT_PRIOR, base={} if kind == "prior" else demo_base(),
+        training={t: {"n_train": 0, "n_test": 0} for t in TARGETS}, metrics=metrics,
+        calibration=calibration or None, lineage=lineage)
+    return write_bundle(Path(root), manifest.to_json(), files)

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from features.loaded import LoadedBundle
+from features.manifest import Manifest
 from features.matrix import raw_matrix
 from features.schema import COL, RAW_COLUMNS, FieldError, parse_row
 
 from .acceptance import Rank, refusal
 from .metrics import Metrics
-from .model import LoadedBundle
 from .settings import Settings, redact_url
 
 log = logging.getLogger("prediction_server")
@@ -158,7 +159,7 @@ class PredictionService:
     def bundle(self) -> LoadedBundle:
         return self._served.bundle
 
-    def refusal(self, manifest: dict) -> str | None:
+    def refusal(self, manifest: Manifest) -> str | None:
         """Why a bundle with this (validated) manifest would not replace the served one
         (``prediction_server.acceptance``), or None when it would."""
         return refusal(self._served.rank, Rank.of_manifest(manifest))

@@ -34,12 +34,14 @@ from typing import Any
 import httpx
 import orjson
 
-from features.bundle import (BundleError, declared_bytes, list_bundles, read_bundle, read_manifest, validate_manifest,
+from features.bundle import (BundleError, list_bundles, read_bundle, read_manifest,
                              verify_digest, version_seq)
+
+from features.loaded import LoadedBundle
+from features.manifest import Manifest, ModelFile
 
 from .acceptance import Rank
 from .download import SyncFailure, bounded_get
-from .model import LoadedBundle
 from .service import PredictionService
 from .settings import Settings
 
@@ -168,9 +170,9 @@ class BundleSync:
         candidates = []
         for path in list_bundles(self._dir):
             try:
-                manifest = read_manifest(path)
-                if manifest["version"] != path.name:
-                    raise BundleError(f"{path.name}: manifest names version {manifest['version']!r}")
+                manifest = Manifest.from_json(read_manifest(path))
+                if manifest.version != path.name:
+                    raise BundleError(f"{path.name}: manifest names version {manifest.version!r}")
             except BundleError as e:
                 if version_seq(path.name) > served_seq:
                     errors.append(str(e))
@@ -179,10 +181,10 @@ class BundleSync:
                 candidates.append((Rank.of_manifest(manifest).key(), path))
         for _, path in sorted(candidates, reverse=True):
             try:
-                manifest, files = read_bundle(path, self.settings.max_bundle_bytes)
-                if manifest["version"] != path.name:
-                    raise BundleError(f"{path.name}: manifest names version {manifest['version']!r}")
-                bundle = LoadedBundle.from_files(manifest, files)
+                raw_manifest, files = read_bundle(path, self.settings.max_bundle_bytes)
+                if raw_manifest["version"] != path.name:
+                    raise BundleError(f"{path.name}: manifest names version {raw_manifest['version']!r}")
+                bundle = LoadedBundle.from_files(raw_manifest, files)
             except BundleError as e:
                 errors.append(str(e))
                 continue  # try the next best
@@ -209,18 +211,18 @@ class BundleSync:
         n = bounded_get(self._http(), path, limit, deadline, buf, headers)
         return None if n is None else buf.getvalue()
 
-    def _fetch_file(self, path: str, spec: dict, deadline: float, name: str) -> bytes:
+    def _fetch_file(self, path: str, spec: ModelFile, deadline: float, name: str) -> bytes:
         """A model file, streamed to a temporary file (at most its declared size) and hashed
         on the way; read back into memory only once verified."""
         with tempfile.TemporaryFile(prefix="bundle-") as f:
             sink = _HashingSink(f)
-            n = bounded_get(self._http(), path, spec["size"], deadline, sink)
+            n = bounded_get(self._http(), path, spec.size, deadline, sink)
             if n is None:
                 raise SyncFailure("http_status", f"GET {path}: unexpected 304", 304)
-            if n < spec["size"]:
-                raise SyncFailure("truncated", f"{path}: {n} bytes, manifest says {spec['size']}")
+            if n < spec.size:
+                raise SyncFailure("truncated", f"{path}: {n} bytes, manifest says {spec.size}")
             try:
-                verify_digest(n, sink.sha256.hexdigest(), spec, name)
+                verify_digest(n, sink.sha256.hexdigest(), spec.to_json(), name)
             except BundleError as e:
                 raise SyncFailure("checksum", str(e)) from None
             f.seek(0)
@@ -240,15 +242,15 @@ class BundleSync:
         if resp is None:
             return None  # 304: unchanged
         try:
-            manifest = orjson.loads(resp)
+            obj = orjson.loads(resp)
         except orjson.JSONDecodeError as e:
             raise SyncFailure("bad_json", f"manifest is not JSON: {e}") from None
         try:
-            manifest = validate_manifest(manifest)
+            manifest = Manifest.from_json(obj)
         except BundleError as e:
             reason = "unknown_schema" if "schema" in str(e) or "raw_columns" in str(e) else "bad_manifest"
             raise SyncFailure(reason, str(e)) from None
-        version = manifest["version"]
+        version = manifest.version
         why = self.service.refusal(manifest)
         if why is not None:
             # served or refused: remember it to get 304s until something else is published
@@ -258,14 +260,14 @@ class BundleSync:
                 if version != self.service.bundle.version:
                     log.info("training server offers %s: refused (%s)", version, why)
             return None
-        total = declared_bytes(manifest)
+        total = manifest.model_bytes
         if total > self.settings.max_bundle_bytes:
             raise SyncFailure("too_large", f"bundle {version} declares {total} model bytes > "
                                            f"LATENCY_MAX_BUNDLE_BYTES={self.settings.max_bundle_bytes}")
         files = {}
-        for target, spec in manifest["models"].items():
-            files[spec["file"]] = self._fetch_file(f"/v1/bundles/{version}/{spec['file']}", spec, deadline,
-                                                   f"{version}/{spec['file']}")
+        for spec in manifest.models.values():
+            files[spec.file] = self._fetch_file(f"/v1/bundles/{version}/{spec.file}", spec, deadline,
+                                                f"{version}/{spec.file}")
         try:
             bundle = LoadedBundle.from_files(manifest, files)
         except BundleError as e:

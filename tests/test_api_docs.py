@@ -11,7 +11,7 @@ import pytest
 from features.apidocs import api_docs_html
 from prediction_server.app import create_app as prediction_app
 from prediction_server.settings import Settings as PredictionSettings
-from prediction_server.testing import run_app
+from support.servers import run_app
 from training_server.app import create_app as training_app
 from training_server.settings import Settings as TrainingSettings
 

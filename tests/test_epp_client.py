@@ -18,7 +18,7 @@ import pytest
 from epp_client.predictor import CircuitBreaker, PredictorClient
 from epp_client.training import TrainingReporter, stratified_downsample
 from features.matrix import raw_matrix
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 
 
 def free_port() -> int:
@@ -82,7 +82,7 @@ def prediction_server():
     """The real prediction server app (serving the built-in prior) on loopback."""
     from prediction_server.app import create_app
     from prediction_server.settings import Settings
-    from prediction_server.testing import run_app
+    from support.servers import run_app
 
     settings = Settings.from_env({}, host="127.0.0.1", port="0", training_server_url="")
     with run_app(create_app(settings)) as url:

@@ -15,7 +15,7 @@ from epp_client.plugins import DecodeFilter, PrefillFilter
 from epp_client.predictor import InProcessPredictor
 from epp_client.scheduler import Scheduler
 from epp_client.training import ListSink
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 
 ROLE = "llm-d.ai/role"
 

@@ -13,7 +13,7 @@ from epp_client.plugins import PredictedLatencyProducer
 from epp_client.predictor import BulkPrediction, InProcessPredictor
 from epp_client.training import ListSink
 from features.schema import parse_training_entry
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 
 
 class TablePredictor:

@@ -18,7 +18,7 @@ from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, Latency
 from epp_client.predictor import InProcessPredictor
 from epp_client.scheduler import Scheduler, SchedulingProfile
 from epp_client.training import ListSink
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 
 
 def cluster(n=8):

@@ -24,7 +24,7 @@ from features.matrix import REGIME_NAMES
 from prediction_server.app import create_app
 from prediction_server.demo_bundle import build_bundle
 from prediction_server.settings import Settings
-from prediction_server.testing import BundleServer, run_app
+from support.servers import BundleServer, run_app
 
 ROWS = [{"kv_cache_percentage": kv, "input_token_length": 300, "num_request_waiting": w, "num_request_running": 3,
          "num_tokens_generated": 5, "prefix_cache_score": 0.1} for kv in (0.2, 0.95) for w in (0, 4)]

@@ -17,12 +17,12 @@ from features.bundle import read_bundle
 from features.schema import ROW_FIELDS, parse_row, row_from_raw
 from prediction_server.app import create_app
 from prediction_server.demo_bundle import build_bundle, load_trace
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from prediction_server.batcher import StrictBatcher
 from prediction_server.service import PredictionService
 from prediction_server.settings import Settings
 from prediction_server.sync import BundleSync
-from prediction_server.testing import run_app
+from support.servers import run_app
 
 PRED_FIELDS = {
     "ttft_ms": float, "tpot_ms": float, "ttft_uncertainty": float, "tpot_uncertainty": float,

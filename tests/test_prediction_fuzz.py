@@ -15,7 +15,7 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error, r
 from prediction_server.app import create_app
 from prediction_server.demo_bundle import build_bundle
 from prediction_server.settings import Settings
-from prediction_server.testing import run_app
+from support.servers import run_app
 
 
 def _settings(bundle_dir: str | None) -> Settings:

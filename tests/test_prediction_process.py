@@ -23,7 +23,7 @@ import pytest
 from conftest import free_port, start_server, stop_server, wait_http
 from features.bundle import MANIFEST, list_bundles
 from prediction_server.demo_bundle import build_bundle
-from prediction_server.testing import BundleServer
+from support.servers import BundleServer
 
 MB = 1024 * 1024
 #: what the server sends at most for an endless stream (it stops by itself)

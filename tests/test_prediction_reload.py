@@ -17,7 +17,7 @@ import httpx
 from prediction_server.app import create_app
 from prediction_server.reload import CoalescedReload
 from prediction_server.settings import Settings
-from prediction_server.testing import run_app
+from support.servers import run_app
 
 SYNC_TIMEOUT = 60.0
 

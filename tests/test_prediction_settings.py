@@ -15,7 +15,7 @@ import pytest
 from prediction_server.__main__ import main
 from prediction_server.demo_bundle import build_bundle
 from prediction_server.settings import Settings, SettingsError
-from prediction_server.testing import _port
+from support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_cli_bad_setting_exits_2(capsys, monkeypatch):
 
 def test_real_process_serves_bundle_dir_and_stops_cleanly(tmp_path):
     build_bundle(tmp_path, 1, "xgboost")
-    port = _port()
+    port = free_port()
     env = {**os.environ, "TRAINING_SERVER_URL": "http://127.0.0.1:9"}  # the flag below overrides it
     proc = subprocess.Popen([sys.executable, "-m", "prediction_server", "--port", str(port), "--bundle-dir",
                              str(tmp_path), "--training-server-url", ""], env=env, cwd=REPO,

@@ -20,11 +20,11 @@ from features.bundle import MANIFEST, list_bundles, make_version, read_bundle
 from features.schema import parse_row, row_from_raw
 from prediction_server.app import create_app
 from prediction_server.demo_bundle import build_bundle, load_trace
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from prediction_server.service import PredictionService
 from prediction_server.settings import Settings
 from prediction_server.sync import BundleSync
-from prediction_server.testing import BundleServer, run_app
+from support.servers import BundleServer, run_app
 
 
 def rows(n: int) -> list[dict]:

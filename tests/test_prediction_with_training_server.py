@@ -10,10 +10,10 @@ import numpy as np
 
 from features.schema import parse_row
 from prediction_server.app import create_app
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from prediction_server.settings import Settings
-from prediction_server.testing import run_app
-from training_server.testing import load_entries
+from support.servers import run_app
+from load.data import load_entries
 
 
 def test_serves_what_the_training_server_publishes(tmp_path):

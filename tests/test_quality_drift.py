@@ -11,7 +11,7 @@ import pytest
 from features.schema import parse_training_entry
 from training_server import calibration, trainer as trainer_mod
 from training_server.store import entries_to_rows
-from training_server.testing import load_entries
+from load.data import load_entries
 import asyncio
 import json
 
@@ -70,7 +70,7 @@ def test_slower_servers_are_corrected_live_then_handed_over_to_a_recency_weighte
     assert registry.served.version != first.version and registry.served_files() == first_files
     for t in ("ttft", "tpot"):
         assert 1.2 < worker.live_factor[t] < 2.0, (t, worker.live_factor)
-        assert registry.served.manifest["calibration"][t]["live_factor"] == pytest.approx(worker.live_factor[t])
+        assert registry.served.manifest.to_json()["calibration"][t]["live_factor"] == pytest.approx(worker.live_factor[t])
         half = len(seen[t]) // 2  # the second half of the slow traffic is covered again
         assert 85.0 <= _coverage(seen[t][half:]) <= 95.0, (t, _coverage(seen[t][half:]))
     assert worker.drift_retrain_pending and worker.drift_from_id is not None
@@ -97,7 +97,7 @@ def test_slower_servers_are_corrected_live_then_handed_over_to_a_recency_weighte
         for i, t in enumerate(("ttft", "tpot")):
             ratio = np.median(new.predict(raw)[i] / served.predict(raw)[i])
             assert 0.85 < ratio < 1.15, (t, ratio)  # no jump in level at the hand-over
-            assert worker.live_factor[t] == pytest.approx(new.manifest["calibration"][t].get("live_factor", 1.0))
+            assert worker.live_factor[t] == pytest.approx(new.manifest.to_json()["calibration"][t].get("live_factor", 1.0))
 
 
 def test_live_pairs_of_recent_learned_versions_feed_the_correction(tmp_path):
@@ -169,7 +169,7 @@ def test_without_live_pairs_a_retrain_keeps_its_own_conformal_calibration(parts,
     monkeypatch.setattr(trainer_mod, "train_models", spy)
     store.submit(entries_to_rows(PARSED[1500:3000])).result(10)
     assert worker.run_once().outcome == "published"
-    m, files = registry.served.manifest, registry.served_files()
+    m, files = registry.served.manifest.to_json(), registry.served_files()
     fresh = [t for t in m["models"] if files[m["models"][t]["file"]] == results[-1].models.get(t)]
     assert fresh  # at least one target took the new model
     for t in fresh:

@@ -17,7 +17,7 @@ import pytest
 from features.bundle import BundleError, make_version, read_bundle, validate_manifest, write_bundle
 from features.schema import COL
 from load import record_traces
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from training_server import evaluate, trainer
 
 from conftest import SHAREGPT
@@ -36,7 +36,7 @@ def ramp(tmp_path_factory):
 def _served(tmp_path, raw, ttft, tpot, **cfg) -> LoadedBundle:
     result = trainer.train_models(raw, ttft, tpot, config=evaluate.production_config(**cfg))
     manifest, files = trainer.build_bundle(result, make_version(1))
-    return LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, manifest, files)))
+    return LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, manifest.to_json(), files)))
 
 
 def test_the_ramp_trace_is_deterministic_and_ramps(ramp, tmp_path):
@@ -61,7 +61,7 @@ def test_predictions_keep_rising_past_the_largest_work_seen(ramp, tmp_path, link
     half = len(tr) // 2
     raw, ttft, tpot = tr.raw[:half], tr.ttft[:half], tr.tpot[:half]
     bundle = _served(tmp_path, raw, ttft, tpot, base_link=link)
-    assert {t: b["link"] for t, b in bundle.manifest["base"].items()} == {"ttft": link, "tpot": link}
+    assert {t: b["link"] for t, b in bundle.manifest.to_json()["base"].items()} == {"ttft": link, "tpot": link}
     for target, cols, rows in ((0, QUEUE, ttft > 0), (1, BATCH, tpot > 0)):
         seen = raw[rows]
         top = seen[np.argmax(seen[:, COL[cols[0]]])]  # the busiest row seen, as served features
@@ -95,9 +95,9 @@ def test_a_malformed_base_is_refused_naming_the_field(tmp_path, change, needle):
     result = trainer.train_models(tr.raw[:600], tr.ttft[:600], tr.tpot[:600],
                                   config=evaluate.production_config(base_link="beyond"))
     manifest, files = trainer.build_bundle(result, make_version(3))
-    good = json.loads(json.dumps(manifest))
+    good = json.loads(json.dumps(manifest.to_json()))
     validate_manifest(good)
-    bad = json.loads(json.dumps(manifest))
+    bad = json.loads(json.dumps(manifest.to_json()))
     bad["base"]["ttft"] = {"intercept": 1.0, "coef": {"num_request_waiting": 1.0}, "link": "beyond",
                            "upper": {"num_request_waiting": 3.0}}
     bad["base"]["ttft"].update(change)

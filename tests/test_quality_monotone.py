@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from features.bundle import make_version, read_bundle, write_bundle
 from features.matrix import REGIME_NAMES
 from features.schema import COL, RAW_COLUMNS
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from training_server import calibration, trainer
 from training_server.app import TrainingService
 from training_server.evaluate import read_trace
@@ -38,7 +38,7 @@ def _served_bundle(tmp_path, raw, ttft, tpot) -> LoadedBundle:
     cfg = TrainingService(Settings(data_dir=tmp_path)).train_config  # what the server trains with
     result = trainer.train_models(raw, ttft, tpot, config=cfg)
     manifest, files = trainer.build_bundle(result, make_version(1))
-    path = write_bundle(tmp_path / "bundles", manifest, files)
+    path = write_bundle(tmp_path / "bundles", manifest.to_json(), files)
     return LoadedBundle.from_files(*read_bundle(path))
 
 
@@ -96,7 +96,7 @@ def test_served_model_is_monotone_along_each_constrained_field(served, base):
 
 
 def test_the_checked_bundle_carries_per_regime_calibration(served):
-    cal = served.manifest["calibration"]["ttft"]
+    cal = served.manifest.to_json()["calibration"]["ttft"]
     assert set(cal["by_regime"]) == set(REGIME_NAMES)
 
 

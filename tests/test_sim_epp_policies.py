@@ -110,13 +110,13 @@ def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
     from prediction_server.settings import Settings as PSettings
     from training_server.app import create_app as training_app
     from training_server.settings import Settings as TSettings
-    from training_server.testing import serve_in_thread
+    from support.servers import run_app
 
     tset = TSettings.from_env({}, data_dir=str(tmp_path / "train"), retraining_interval_sec=0.5,
                               min_samples_for_retrain=50)
-    with serve_in_thread(training_app(tset)) as turl:
+    with run_app(training_app(tset)) as turl:
         pset = PSettings.from_env({}, training_server_url=turl, sync_interval_sec=0.5)
-        with serve_in_thread(prediction_app(pset)) as purl:
+        with run_app(prediction_app(pset)) as purl:
             m = _run("predicted", limit=150, load=0.8, predictor_url=purl, training_url=turl)
             assert m["completed"] == 150
             assert m["predictions"] + m["prediction_failures"] == 150

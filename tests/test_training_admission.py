@@ -17,7 +17,7 @@ from features.schema import parse_training_entry
 from training_server.app import create_app
 from training_server.settings import Settings
 from training_server.store import entries_to_rows
-from training_server.testing import serve_in_thread
+from support.servers import run_app
 
 JSON = {"Content-Type": "application/json"}
 
@@ -98,7 +98,7 @@ def small_server(tmp_path):
     settings = Settings.from_env({}, data_dir=str(tmp_path), max_body_bytes=64 * 1024,
                                  max_inflight_bytes=100 * 1024, ingest_queue_size=50)
     app = create_app(settings, run_worker=False)
-    with serve_in_thread(app) as url:
+    with run_app(app) as url:
         yield int(url.rsplit(":", 1)[1]), app
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from training_server.app import create_app
 from training_server.settings import Settings
-from training_server.testing import load_entries, serve_in_thread
+from load.data import load_entries
+from support.servers import run_app
 
 GOOD = load_entries()[:20]
 TOKEN = "test-token-123"
@@ -22,7 +23,7 @@ def server(tmp_path):
                                  api_token=TOKEN, retraining_interval_sec=60)
     app = create_app(settings)
     # every body here is declared JSON (anything else is 415: test_training_write_safety.py)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20, headers={
+    with run_app(app) as url, httpx.Client(base_url=url, timeout=20, headers={
             "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}) as c:
         yield c, app.state.service
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from training_server.testing import load_entries
+from load.data import load_entries
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = load_entries()[:50]

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from conftest import SHAREGPT, load_jsonl, training_entry
-from prediction_server.testing import run_app
+from support.servers import run_app
 from training_server.app import create_app
 from training_server.settings import Settings
 

@@ -22,7 +22,8 @@ from training_server.app import TrainingService, create_app
 from training_server.registry import Registry
 from training_server.settings import Settings
 from training_server.store import SampleStore, entries_to_rows
-from training_server.testing import load_entries, serve_in_thread
+from load.data import load_entries
+from support.servers import run_app
 
 ENTRIES = load_entries()
 
@@ -74,7 +75,7 @@ def test_learned_and_recalibrated_manifests_carry_the_lineage_across_a_restart(t
         svc.store.submit(entries_to_rows([parse_training_entry(e) for e in ENTRIES])).result(30)
         assert svc.worker.run_once().outcome == "published"
         learned = svc.registry.served
-        assert learned.manifest["lineage"] == lineage
+        assert learned.manifest.to_json()["lineage"] == lineage
         # the live correction republishes the served models: the same lineage
         raw = np.array([parse_training_entry(e).raw for e in ENTRIES[:400]])
         pred = dict(zip(TARGETS, learned.predict(raw)))
@@ -86,14 +87,14 @@ def test_learned_and_recalibrated_manifests_carry_the_lineage_across_a_restart(t
             if report is not None:
                 break
         assert report is not None and report.outcome == "recalibrated"
-        assert svc.registry.served.manifest["recalibrated"]["from"] == learned.version
-        assert svc.registry.served.manifest["lineage"] == lineage
+        assert svc.registry.served.manifest.to_json()["recalibrated"]["from"] == learned.version
+        assert svc.registry.served.manifest.to_json()["lineage"] == lineage
     finally:
         svc.stop()
     assert [m["lineage"] for m in _disk_manifests(tmp_path / "bundles")] == [lineage, lineage]
     svc = _service(tmp_path)  # restarted on the same data dir: same lineage, served from disk
     try:
-        assert svc.registry.lineage == lineage and svc.registry.served.manifest["lineage"] == lineage
+        assert svc.registry.lineage == lineage and svc.registry.served.manifest.to_json()["lineage"] == lineage
     finally:
         svc.stop()
 
@@ -107,7 +108,7 @@ def seed_dir(tmp_path_factory):
 def test_a_seeded_manifest_carries_this_store_lineage_and_no_local_path(tmp_path, seed_dir):
     settings = Settings.from_env({}, data_dir=str(tmp_path / "a"), seed_bundle=str(seed_dir))
     app = create_app(settings)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with run_app(app) as url, httpx.Client(base_url=url, timeout=30) as c:
         svc = app.state.service
         lineage = make_lineage(svc.store.store_id, svc.store.created_at)
         manifest = c.get("/v1/bundles/latest").json()
@@ -121,7 +122,7 @@ def test_a_seeded_manifest_carries_this_store_lineage_and_no_local_path(tmp_path
     assert json.loads(texts["/model/export"])["manifest"]["lineage"] == lineage
     # the same seed into a new, empty data dir: another lineage, newer, though the version is the same
     s2 = Settings.from_env({}, data_dir=str(tmp_path / "b"), seed_bundle=str(seed_dir))
-    with serve_in_thread(create_app(s2)) as url:
+    with run_app(create_app(s2)) as url:
         other = httpx.get(url + "/v1/bundles/latest", timeout=30).json()
     assert other["version"].startswith("v000001-") and manifest["version"].startswith("v000001-")
     assert other["lineage"]["id"] != lineage["id"] and other["lineage"]["created_at"] > lineage["created_at"]
@@ -137,7 +138,7 @@ def test_a_seed_carries_its_source_lineage_into_seeded_from(tmp_path, seed_dir):
     (tmp_path / "export.json").write_text(json.dumps(export))
     b = _service(tmp_path / "b", seed_bundle=str(tmp_path / "export.json"))
     try:
-        m = b.registry.served.manifest
+        m = b.registry.served.manifest.to_json()
         assert m["seeded_from"] == {"version": export["manifest"]["version"], "lineage": source}
         assert m["lineage"] == b.registry.lineage != source
     finally:
@@ -165,5 +166,5 @@ def test_a_bundle_written_with_a_seed_path_is_served_without_it(tmp_path, seed_d
     write_bundle(tmp_path / "bundles", manifest, files)
     registry = Registry(tmp_path / "bundles", keep=2)
     served = registry.load()
-    assert served.manifest["seeded_from"] == {"version": "v000001-20261101T000000Z"}
+    assert served.manifest.to_json()["seeded_from"] == {"version": "v000001-20261101T000000Z"}
     assert "/home/someone" not in json.dumps(registry.export())

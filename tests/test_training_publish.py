@@ -14,7 +14,8 @@ from training_server.metrics import TrainingMetrics
 from training_server.registry import Registry, write_export_dir
 from training_server.settings import Settings
 from training_server.store import SampleStore, entries_to_rows
-from training_server.testing import load_entries, serve_in_thread
+from load.data import load_entries
+from support.servers import run_app
 from training_server.trainer import TrainConfig
 from training_server import trainer as trainer_mod
 from training_server.worker import RetrainWorker, publish_gate, target_verdicts
@@ -63,7 +64,7 @@ def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch
     store, registry, worker = parts
     store.submit(rows(ENTRIES[:3000])).result(10)
     assert worker.run_once().outcome == "published"
-    before = registry.served.manifest
+    before = registry.served.manifest.to_json()
     real = trainer_mod.train_models
 
     def sabotaged(*args, **kw):  # failure injection: a broken TTFT model, a good TPOT one
@@ -79,7 +80,7 @@ def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch
     worker.tolerance = 0.5  # let the retrained TPOT model through whatever the split noise
     report = worker.run_once()
     assert report.outcome == "published" and "kept served ttft" in report.reason, report.reason
-    after = registry.served.manifest
+    after = registry.served.manifest.to_json()
     assert after["version"] != before["version"]
     assert after["models"]["ttft"]["sha256"] == before["models"]["ttft"]["sha256"]  # carried over
     assert after["calibration"]["ttft"] == before["calibration"]["ttft"]
@@ -93,7 +94,7 @@ def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts, tmp
     first = worker.run_once()
     assert first.outcome == "published", first.reason
     v1 = registry.served.version
-    assert registry.is_learned and registry.served.manifest["trained_on"]["max_row_id"] == 3000
+    assert registry.is_learned and registry.served.manifest.to_json()["trained_on"]["max_row_id"] == 3000
     # no new data: nothing is trained, nothing republished
     cycles = worker.cycles
     assert worker.run_once().outcome == "skipped" and worker.cycles == cycles
@@ -174,7 +175,7 @@ def test_shutdown_does_not_wait_for_a_long_training(parts):
 def test_bundle_endpoints_end_to_end(tmp_path):
     settings = Settings.from_env({}, data_dir=str(tmp_path / "a"), retraining_interval_sec=0.2,
                                  bundles_keep=2)
-    with serve_in_thread(create_app(settings)) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with run_app(create_app(settings)) as url, httpx.Client(base_url=url, timeout=30) as c:
         assert c.get("/readyz").status_code == 503  # never ready on the prior
         assert c.get("/v1/bundles/latest").status_code == 404
         assert c.get("/model/export").status_code == 404
@@ -231,7 +232,7 @@ def test_bundle_endpoints_end_to_end(tmp_path):
     # the export seeds a new deployment, which is ready at once
     seed = write_export_dir(export, tmp_path / "seed")
     s2 = Settings.from_env({}, data_dir=str(tmp_path / "b"), seed_bundle=str(seed))
-    with serve_in_thread(create_app(s2)) as url, httpx.Client(base_url=url) as c:
+    with run_app(create_app(s2)) as url, httpx.Client(base_url=url) as c:
         assert c.get("/readyz").status_code == 200
         m2 = c.get("/v1/bundles/latest").json()
         assert m2["models"] == manifest["models"] and m2["metrics"] == manifest["metrics"]
@@ -245,7 +246,7 @@ def test_bundle_endpoints_end_to_end(tmp_path):
 
 def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     from features.prior import DEFAULT_PRIOR
-    from prediction_server.model import LoadedBundle
+    from features.loaded import LoadedBundle
 
     _, _, worker = parts
     raw = np.array([parse_training_entry(e).raw for e in ENTRIES])

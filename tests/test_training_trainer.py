@@ -8,9 +8,9 @@ import pytest
 
 from features.bundle import read_bundle, validate_manifest, write_bundle
 from features.schema import parse_training_entry
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 from training_server import trainer
-from training_server.testing import load_entries
+from load.data import load_entries
 from training_server.trainer import TrainConfig, evaluate_predictions, train_models
 
 
@@ -56,7 +56,7 @@ def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
     assert scores["tpot"]["pinball"] < prior_scores["tpot"]["pinball"]
     # bundle on disk: verified, loadable, identical predictions
     manifest, files = trainer.build_bundle(result, "v000007-20261202T000000Z", metrics=scores)
-    path = write_bundle(tmp_path, manifest, files)
+    path = write_bundle(tmp_path, manifest.to_json(), files)
     m2, f2 = read_bundle(path)
     assert validate_manifest(m2)["models"]["ttft"]["format"] == "xgboost-ubj"
     assert m2["metrics"]["ttft"]["n"] == int((ttft[test] > 0).sum())
@@ -90,7 +90,7 @@ def test_lightgbm_and_mean_objective(data):
     raw, ttft, tpot, test = data
     res = train_models(raw, ttft, tpot, config=TrainConfig(model_type="lightgbm"))
     manifest, files = trainer.build_bundle(res, "v000001-20261202T000000Z")
-    assert manifest["models"]["tpot"]["format"] == "lightgbm-text" and files["tpot.txt"].startswith(b"tree")
+    assert manifest.models["tpot"].format == "lightgbm-text" and files["tpot.txt"].startswith(b"tree")
     b = LoadedBundle.from_files(manifest, files)
     assert b.model_kind == "lightgbm" and np.isfinite(b.predict(raw[:5])[0]).all()
     mean = train_models(raw, ttft, tpot, config=TrainConfig(objective="mean", params={"n_estimators": 30}))
@@ -103,7 +103,7 @@ def test_e2e_data_trains_ttft_only(data):
     result = train_models(raw[m], ttft[m], np.zeros(int(m.sum())), config=TrainConfig())
     assert set(result.models) == {"ttft"} and result.mode == "e2e"
     manifest, files = trainer.build_bundle(result, "v000001-20261202T000000Z")
-    assert manifest["mode"] == "e2e" and set(manifest["models"]) == {"ttft"}
+    assert manifest.mode == "e2e" and set(manifest.models) == {"ttft"}
     b = LoadedBundle.from_files(manifest, files)
     assert b.has_model("ttft") and not b.has_model("tpot")
 

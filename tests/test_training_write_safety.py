@@ -11,7 +11,7 @@ from conftest import training_entry
 from training_server.app import create_app
 from training_server.bodies import from_loopback
 from training_server.settings import Settings
-from training_server.testing import serve_in_thread
+from support.servers import run_app
 
 TOKEN = "flush-token-123"
 FLUSH_ALL = b'{"flush_training_data": true, "flush_test_data": true}'
@@ -29,7 +29,7 @@ def _server(tmp_path, token: str | None):
 def open_server(tmp_path):
     """No token configured (the default), 40 rows stored."""
     app = _server(tmp_path, None)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+    with run_app(app) as url, httpx.Client(base_url=url, timeout=20) as c:
         assert c.post("/add_training_data_bulk", json={"entries": [training_entry(i) for i in range(40)]}
                       ).status_code == 202
         yield c, app.state.service
@@ -75,7 +75,7 @@ def test_flush_without_a_token_is_refused_off_loopback(open_server):
 
 def test_flush_with_a_token_needs_it_from_anywhere(tmp_path):
     app = _server(tmp_path, TOKEN)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=20) as c:
+    with run_app(app) as url, httpx.Client(base_url=url, timeout=20) as c:
         auth = {"Authorization": f"Bearer {TOKEN}"}
         assert c.post("/add_training_data_bulk", json={"entries": [training_entry(i) for i in range(5)]},
                       headers=auth).status_code == 202

@@ -7,8 +7,10 @@ Modules (each usable in-process without a server):
   writer, bounded queue (``Saturated`` -> 429), bounded rows (stratified eviction).
 * ``sampling``  - strata (queue x KV x prefix buckets), the deterministic held-out split,
   the stratified newest-first training set.
-* ``trainer``   - ``train_models(raw, ttft, tpot, config=TrainConfig())``, ``evaluate_predictions``,
-  ``evaluate_bundle``, ``build_bundle`` (for ``features.bundle.write_bundle``), ``loaded_bundle``.
+* ``trainer``   - ``train_models(raw, ttft, tpot, config=TrainConfig())``, ``build_bundle`` (a typed
+  ``features.manifest.Manifest`` and the model files, for ``Registry.publish``), ``loaded_bundle``.
+  Scores are ``features.scoring``; the loaded bundle is ``features.loaded`` (shared with the
+  prediction server, which this package never imports).
 * ``registry``  - published bundles on disk and the served one; export / seed documents.
 * ``worker``    - ``RetrainWorker``: interval + new-data trigger, per-target publish gate.
 * ``metrics``   - Prometheus metrics on a per-app registry.

@@ -24,7 +24,7 @@ from features.schema import FieldError, parse_row, parse_training_entry, row_jso
     training_entry_json_schema
 from features.apidocs import install_api_docs
 from features.matrix import TARGETS
-from prediction_server.model import LoadedBundle
+from features.loaded import LoadedBundle
 
 from .bodies import SLICE_BYTES, HTTPProblem, InflightBytes, NotSplittable, admitted_body, array_slices, \
     field_problem, from_loopback, parse_json, require_json, too_busy
@@ -83,7 +83,7 @@ class TrainingService:
         bundle = self.registry.load(self.settings.seed_bundle)
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         if bundle.source == "learned":
-            self.metrics.set_heldout(bundle.manifest.get("metrics") or {})
+            self.metrics.set_heldout(bundle.manifest.metrics_json())
         s = self.settings
         self.worker = RetrainWorker(self.store, self.registry, self.metrics, config=self.train_config,
                                     interval=s.retraining_interval_sec, min_new=s.min_samples_for_retrain,

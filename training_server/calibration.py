@@ -1,7 +1,7 @@
 """Calibration of quantile models: split-conformal at training time, live recalibration after.
 
 A calibration spec (per target, carried in the bundle manifest under ``calibration`` and
-applied by :class:`prediction_server.model.LoadedBundle`) maps a raw model output ``y`` to
+applied by :class:`features.loaded.LoadedBundle`) maps a raw model output ``y`` to
 ``y * scale + offset_ms``, optionally per load regime (``by_regime``: queue empty/queued ×
 KV below/above 80%, :data:`features.matrix.REGIME_NAMES`); a regime without its own entry
 uses the global values.

@@ -7,7 +7,7 @@ predicts block k. ``--protocol random``: ``--seeds`` random 90/10 splits. Traini
 through the production path (the stratified sampling of :mod:`training_server.sampling` with
 the server's default cap per bucket, :func:`training_server.trainer.train_models` with the
 server's default :class:`TrainConfig` incl. its base and conformal calibration, served through
-the same :class:`prediction_server.model.LoadedBundle`). On the same sampled training rows
+the same :class:`features.loaded.LoadedBundle`). On the same sampled training rows
 both baselines of §1 (:mod:`training_server.baselines`: the upstream recipe and a linear
 quantile regression) are trained and scored. Reported per target, over folds (only rows whose
 target is > 0 count): pinball loss mean and std, coverage (share of actuals <= prediction, %),
@@ -39,6 +39,7 @@ import numpy as np
 
 from features.matrix import REGIME_NAMES, TARGETS, regimes
 from features.schema import FieldError, parse_training_entry
+from features.scoring import evaluate_predictions
 
 from . import sampling, trainer
 from .baselines import BASELINES, linear_predictions, upstream_predictions
@@ -180,7 +181,7 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
             if not m.any() or t not in res.models:
                 continue
             a = acc[t]
-            e = trainer.evaluate_predictions(y[m], ours[t][m], quantile)
+            e = evaluate_predictions(y[m], ours[t][m], quantile)
             for k in ("pinball", "coverage", "mape"):
                 a[k].append(e[k])
             a["hit"].append(y[m] <= ours[t][m])
@@ -189,7 +190,7 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
             a["actual"].append(y[m])
             for b, pred in base.items():
                 if t in pred:
-                    r = trainer.evaluate_predictions(y[m], pred[t][m], quantile)
+                    r = evaluate_predictions(y[m], pred[t][m], quantile)
                     base_acc[t][b]["pinball"].append(r["pinball"])
                     base_acc[t][b]["coverage"].append(r["coverage"])
     out: dict[str, dict] = {}

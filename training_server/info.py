@@ -34,14 +34,18 @@ def model_info(svc: "TrainingService", name: str) -> dict:
     if name not in TARGETS:
         raise HTTPProblem(404, f"unknown model {name!r}; known: {list(TARGETS)}")
     b = svc.registry.served
-    spec = (b.manifest.get("models") or {}).get(name)
+    m = b.manifest
+    spec = m.models.get(name)
+    names, scores, cal, training = (m.feature_names(name), m.scores(name), m.calibration_of(name),
+                                    (m.training or {}).get(name))
     return {"name": name, "exists": spec is not None, "model_version": b.version, "model_source": b.source,
             "model_type": b.model_kind, "objective_type": b.objective, "quantile": b.quantile,
-            "file": None if spec is None else {k: spec[k] for k in ("file", "format", "size", "sha256")},
-            "features": ((b.manifest.get("features") or {}).get("features") or {}).get(name),
-            "metrics": (b.manifest.get("metrics") or {}).get(name),
-            "calibration": (b.manifest.get("calibration") or {}).get(name),
-            "training": (b.manifest.get("training") or {}).get(name),
+            "file": None if spec is None else {"file": spec.file, "format": spec.format, "size": spec.size,
+                                               "sha256": spec.sha256},
+            "features": None if names is None else list(names),
+            "metrics": None if scores is None else scores.to_json(),
+            "calibration": None if cal is None else cal.to_json(),
+            "training": None if training is None else training.to_json(),
             "last_model_load": iso(b.loaded_at)}
 
 
@@ -59,8 +63,8 @@ def xgb_json(svc: "TrainingService", target: str) -> bytes:
     if cached is None:
         import xgboost as xgb
 
-        spec = b.manifest["models"][target]
-        data = svc.registry.served_files().get(spec["file"])
+        spec = b.manifest.models[target]
+        data = svc.registry.served_files().get(spec.file)
         if data is None:
             raise HTTPProblem(404, f"{target} model file not available")
         booster = xgb.Booster(params={"nthread": 1})

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Mapping
 
 from features.bundle import (FILE_RE, MANIFEST, VERSION_RE, BundleError, list_bundles, make_version, prune_bundles,
-                             read_bundle, validate_manifest, verify_file, version_seq, write_bundle)
-from prediction_server.model import LoadedBundle
+                             read_bundle, verify_file, version_seq, write_bundle)
+from features.loaded import LoadedBundle
+from features.manifest import Manifest
 
 log = logging.getLogger("training_server.registry")
 
@@ -26,38 +27,39 @@ EXPORT_FORMAT = "latency-bundle-export/1"
 KNOWN_VERSIONS = 256
 
 
-def export_document(manifest: Mapping, files: Mapping[str, bytes]) -> dict:
+def export_document(manifest: Manifest, files: Mapping[str, bytes]) -> dict:
     """A bundle as one JSON document (``GET /model/export``): manifest + base64 files."""
-    return {"format": EXPORT_FORMAT, "manifest": dict(manifest),
+    return {"format": EXPORT_FORMAT, "manifest": manifest.to_json(),
             "files": {name: base64.b64encode(data).decode("ascii") for name, data in files.items()}}
 
 
-def parse_export(doc: Mapping) -> tuple[dict, dict[str, bytes]]:
+def parse_export(doc: Mapping) -> tuple[Manifest, dict[str, bytes]]:
     """Inverse of :func:`export_document`; verifies every file against the manifest."""
     if not isinstance(doc, Mapping) or doc.get("format") != EXPORT_FORMAT:
         raise BundleError(f"not a {EXPORT_FORMAT} document")
-    manifest = validate_manifest(doc.get("manifest"))
+    manifest = Manifest.from_json(doc.get("manifest"))
     raw_files = doc.get("files")
     if not isinstance(raw_files, Mapping):
         raise BundleError("export.files must be an object")
     files: dict[str, bytes] = {}
-    for target, spec in manifest["models"].items():
-        b64 = raw_files.get(spec["file"])
+    for spec in manifest.models.values():
+        b64 = raw_files.get(spec.file)
         if not isinstance(b64, str):
-            raise BundleError(f"export.files.{spec['file']} missing")
+            raise BundleError(f"export.files.{spec.file} missing")
         try:
             data = base64.b64decode(b64, validate=True)
         except ValueError:
-            raise BundleError(f"export.files.{spec['file']} is not base64") from None
-        verify_file(data, spec)
-        files[spec["file"]] = data
+            raise BundleError(f"export.files.{spec.file} is not base64") from None
+        verify_file(data, spec.to_json())
+        files[spec.file] = data
     return manifest, files
 
 
-def read_seed(path: Path) -> tuple[dict, dict[str, bytes]]:
+def read_seed(path: Path) -> tuple[Manifest, dict[str, bytes]]:
     """A seed bundle: a bundle directory, or a file holding a ``GET /model/export`` document."""
     if path.is_dir():
-        return read_bundle(path)
+        manifest, files = read_bundle(path)
+        return Manifest.from_json(manifest), files
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
@@ -68,15 +70,7 @@ def read_seed(path: Path) -> tuple[dict, dict[str, bytes]]:
 def write_export_dir(doc: Mapping, out: Path) -> Path:
     """Write an export document as a bundle directory ``out/<version>`` (a LATENCY_SEED_BUNDLE)."""
     manifest, files = parse_export(doc)
-    return write_bundle(Path(out), manifest, files)
-
-
-def _without_local_path(manifest: dict) -> dict:
-    """A manifest as served: bundles written by older versions named the seed's local path."""
-    seeded = manifest.get("seeded_from")
-    if isinstance(seeded, Mapping) and "path" in seeded:
-        manifest = {**manifest, "seeded_from": {k: v for k, v in seeded.items() if k != "path"}}
-    return manifest
+    return write_bundle(Path(out), manifest.to_json(), files)
 
 
 class Registry:
@@ -104,7 +98,7 @@ class Registry:
         for path in reversed(bundles):
             try:
                 manifest, files = read_bundle(path)
-                bundle = LoadedBundle.from_files(_without_local_path(manifest), files)
+                bundle = LoadedBundle.from_files(manifest, files)
             except BundleError as e:
                 log.error("skipping bundle %s: %s", path.name, e)
                 continue
@@ -112,14 +106,13 @@ class Registry:
             log.info("serving bundle %s from disk", bundle.version)
             return bundle
         if seed is not None:
-            manifest, files = read_seed(seed)
-            manifest = dict(manifest)
-            # row ids of another deployment's store mean nothing here
-            manifest.pop("trained_on", None)
-            # where the seed came from, by its identity (never a local filesystem path)
-            manifest["seeded_from"] = {"version": manifest["version"], "lineage": manifest.get("lineage")}
-            bundle = self.publish(manifest, files)
-            log.info("imported seed bundle %s from %s as %s", manifest["version"], seed, bundle.version)
+            seed_manifest, seed_files = read_seed(seed)
+            # row ids of another deployment's store mean nothing here; where the seed came
+            # from, by its identity (never a local filesystem path)
+            seeded = seed_manifest.updated(trained_on=None, seeded_from={"version": seed_manifest.version,
+                                                                         "lineage": seed_manifest.lineage})
+            bundle = self.publish(seeded, seed_files)
+            log.info("imported seed bundle %s from %s as %s", seed_manifest.version, seed, bundle.version)
             return bundle
         return self._served
 
@@ -142,14 +135,13 @@ class Registry:
         return make_version(self._seq + 1)
 
     # ---- publishing ----------------------------------------------------------------------
-    def publish(self, manifest: Mapping, files: Mapping[str, bytes]) -> LoadedBundle:
+    def publish(self, manifest: Manifest, files: Mapping[str, bytes]) -> LoadedBundle:
         """Write a bundle (re-versioned to this registry's next sequence), verify, serve it."""
         with self._lock:
-            manifest = dict(manifest)
-            manifest["version"] = make_version(self._seq + 1)
+            changes: dict = {"version": make_version(self._seq + 1)}
             if self.lineage is not None:
-                manifest["lineage"] = dict(self.lineage)
-            final = write_bundle(self.root, manifest, files)
+                changes["lineage"] = dict(self.lineage)
+            final = write_bundle(self.root, manifest.updated(**changes).to_json(), files)
             self._seq += 1
             disk_manifest, disk_files = read_bundle(final)  # what readers will download
             bundle = LoadedBundle.from_files(disk_manifest, disk_files)
@@ -157,7 +149,7 @@ class Registry:
             for p in prune_bundles(self.root, self.keep):
                 log.info("pruned bundle %s", p.name)
         log.info("published bundle %s (%s, targets %s)", bundle.version, bundle.model_kind,
-                 sorted(disk_manifest["models"]))
+                 sorted(bundle.manifest.models))
         return bundle
 
     def is_learned_version(self, version: str) -> bool:
@@ -175,8 +167,8 @@ class Registry:
 
     # ---- downloads -------------------------------------------------------------------------
     def latest_manifest(self) -> dict | None:
-        """Manifest of the newest published (= served) bundle, None before the first one."""
-        return self._served.manifest if self.is_learned else None
+        """Manifest (JSON) of the newest published (= served) bundle, None before the first one."""
+        return self._served.manifest.to_json() if self.is_learned else None
 
     def read_file(self, version: str, name: str) -> bytes | None:
         """Bytes of one model file of a kept bundle; None for anything not listed in its manifest."""
@@ -187,10 +179,10 @@ class Registry:
             return self._files.get(name)
         path = self.root / version
         try:
-            manifest = validate_manifest(json.loads((path / MANIFEST).read_bytes()))
+            manifest = Manifest.from_json(json.loads((path / MANIFEST).read_bytes()))
         except (OSError, ValueError):
             return None
-        if name not in {spec["file"] for spec in manifest["models"].values()}:
+        if name not in {spec.file for spec in manifest.models.values()}:
             return None
         try:
             return (path / name).read_bytes()

@@ -26,10 +26,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from features.loaded import Calibration
+from features.manifest import TargetCalibration
 from features.matrix import regimes
 from features.prior import LinearBase, base_level, upper_values
-
-from prediction_server.model import Calibration
+from features.scoring import pinball_loss
 
 from .calibration import conformal_scale_spec, conformal_spec
 
@@ -49,11 +50,6 @@ def _level(spec: dict | None, x: np.ndarray, target: str, names: tuple[str, ...]
     if spec is None:
         return 0.0
     return base_level(x, *LinearBase({target: spec}).applier(target, names))
-
-
-def _pinball(y: np.ndarray, p: np.ndarray, q: float, w: np.ndarray | None) -> float:
-    d = y - p
-    return float(np.average(np.maximum(q * d, (q - 1.0) * d), weights=w))
 
 
 def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: np.ndarray | None,
@@ -96,7 +92,8 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
             calib = conformal_scale_spec(target, y[cal], pred, reg, cfg.quantile, weights=wc)
         else:
             calib = conformal_spec(target, y[cal] - pred, reg, cfg.quantile, weights=wc)
-        score = _pinball(y[cal], Calibration.from_manifest(calib).apply(pred, r[cal]), cfg.quantile, wc)
+        applied = Calibration.from_spec(TargetCalibration.from_json(calib)).apply(pred, r[cal])
+        score = pinball_loss(y[cal], applied, cfg.quantile, wc)
         if best is None or score < best[0]:
             best = (score, link, model, spec, calib)
     _, link, model, spec, calib = best

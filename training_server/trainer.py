@@ -4,7 +4,7 @@ Pure Python/numpy, usable in-process (the simulator and ``latency-predictor eval
 call it) and by the training server's retrain worker::
 
     result = train_models(raw, ttft, tpot, config=TrainConfig())
-    manifest, files = build_bundle(result, make_version(1))       # -> features.bundle.write_bundle
+    manifest, files = build_bundle(result, make_version(1))       # -> Registry.publish
     bundle = loaded_bundle(result)                                  # in-memory LoadedBundle
     scores = evaluate_bundle(bundle, raw_test, ttft_test, tpot_test)
 
@@ -28,7 +28,6 @@ Recipes:
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -37,12 +36,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from features.bundle import make_version
-from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints, schema_description
+from features.loaded import LoadedBundle
+from features.manifest import Manifest, build_manifest
+from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints
 from features.prior import DEFAULT_PRIOR, FLOOR_FEATURES, LINKS, MIN_SLOPE_SHARE, PRIOR_FEATURES, fit_linear_quantile
-from features.schema import SCHEMA_VERSION
+from features.scoring import evaluate_bundle, evaluate_predictions, pinball_loss  # noqa: F401 (re-exported)
 
 from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
-from .scoring import evaluate_bundle, evaluate_predictions, pinball_loss  # noqa: F401 (re-exported)
 from .target_fit import fit_target
 
 RECIPES = ("default", "upstream")
@@ -332,8 +332,9 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
 
 # ---- bundles ----------------------------------------------------------------------------
 def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None = None,
-                 training: Mapping | None = None, extra: Mapping | None = None) -> tuple[dict, dict[str, bytes]]:
-    """Manifest and files for ``features.bundle.write_bundle``.
+                 training: Mapping | None = None, extra: Mapping | None = None) -> tuple[Manifest, dict[str, bytes]]:
+    """Manifest and files of a bundle (for ``Registry.publish`` or ``features.bundle.write_bundle``
+    through ``Manifest.to_json``).
 
     ``metrics``: held-out scores per target (``evaluate_bundle``); ``training``: extra
     per-target counts (e.g. ``n_test``); ``extra``: more top-level manifest keys.
@@ -342,59 +343,25 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
         raise ValueError("no model was trained (too few rows for every target)")
     ext, fmt = FILE_EXT[result.config.model_type]
     files = {f"{t}.{ext}": data for t, data in result.models.items()}
-    models = {t: {"file": f"{t}.{ext}", "format": fmt, "size": len(data),
-                  "sha256": "0" * 64} for t, data in result.models.items()}
     cfg = result.config
-    features = schema_description(cfg.feature_set)
-    manifest = {
-        "version": version,
-        "created_at": result.created_at,
-        "schema_version": SCHEMA_VERSION,
-        "features": features,
-        "model_kind": cfg.model_type,
-        "objective": cfg.objective,
-        "quantile": cfg.quantile,
-        "mode": result.mode,
-        "models": models,
-        "prior": result.prior,
-        **({"base": {t: b for t, b in result.base.items() if t in result.models}} if result.base else {}),
-        "calibration": {t: c for t, c in result.calibration.items() if t in result.models},
-        "training": {t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))}
-                     for t in TARGETS},
-        "metrics": _jsonable(dict(metrics or {})),
-        "recipe": {"name": cfg.recipe, "seed": cfg.seed, "train_seconds": round(result.train_seconds, 3)},
-        **_jsonable(dict(extra or {})),
-    }
-    # the runtime computes sha256/size itself in write_bundle; fill them here too so the
-    # manifest is complete for in-memory use
-    from features.bundle import sha256_bytes
-
-    for t, spec in models.items():
-        spec["sha256"] = sha256_bytes(files[spec["file"]])
+    manifest = build_manifest(
+        version=version, created_at=result.created_at, feature_set=cfg.feature_set, model_kind=cfg.model_type,
+        objective=cfg.objective, quantile=cfg.quantile, mode=result.mode,
+        models={t: (f"{t}.{ext}", fmt) for t in result.models}, files=files, prior=result.prior,
+        base={t: b for t, b in result.base.items() if t in result.models} if result.base else None,
+        calibration={t: c for t, c in result.calibration.items() if t in result.models},
+        training={t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))} for t in TARGETS},
+        metrics=metrics or {},
+        extra={"recipe": {"name": cfg.recipe, "seed": cfg.seed, "train_seconds": round(result.train_seconds, 3)},
+               **dict(extra or {})})
     return manifest, files
 
 
-def loaded_bundle(result: TrainResult, version: str | None = None, metrics: Mapping | None = None):
-    """An in-memory ``prediction_server.model.LoadedBundle`` from a TrainResult."""
-    from prediction_server.model import LoadedBundle
-
+def loaded_bundle(result: TrainResult, version: str | None = None, metrics: Mapping | None = None) -> LoadedBundle:
+    """An in-memory ``features.loaded.LoadedBundle`` from a TrainResult."""
     manifest, files = build_bundle(result, version or make_version(0), metrics=metrics)
     return LoadedBundle.from_files(manifest, files)
 
 
 def with_config(config: TrainConfig, **changes: Any) -> TrainConfig:
     return replace(config, **changes)
-
-
-def _jsonable(obj: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python (manifests are strict JSON)."""
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        x = float(obj)
-        return x if math.isfinite(x) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj

@@ -47,6 +47,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from features.manifest import Manifest
 from features.matrix import TARGETS
 
 from . import calibration, trainer
@@ -149,8 +150,7 @@ class RetrainWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         served = registry.served
-        self.trained_max_id = int(((served.manifest.get("trained_on") or {}).get("max_row_id") or 0)
-                                  if served.source == "learned" else 0)
+        self.trained_max_id = served.manifest.trained_max_row_id if served.source == "learned" else 0
         if self.trained_max_id > store.last_id:  # the store was replaced under the bundles
             self.trained_max_id = 0
         self.cycles = 0
@@ -170,7 +170,7 @@ class RetrainWorker:
         self._retrain_log: dict[str, float] = {}
         self._feedback_total = {t: 0 for t in TARGETS}
         self._feedback_at = {t: -math.inf for t in TARGETS}
-        self._sync_live_factor(served.manifest if served.source == "learned" else {})
+        self._sync_live_factor(served.manifest if served.source == "learned" else None)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -227,11 +227,11 @@ class RetrainWorker:
             return max(1, self.min_new // 4), "drift (live recalibration) not yet retrained on"
         return self.min_new, ""
 
-    def _sync_live_factor(self, manifest) -> None:
+    def _sync_live_factor(self, manifest: Manifest | None) -> None:
         """Take the live factors of a newly served (retrained or loaded) bundle's manifest."""
-        cal = manifest.get("calibration") or {}
         for t in TARGETS:
-            f = float((cal.get(t) or {}).get("live_factor", 1.0))
+            cal = None if manifest is None else manifest.calibration_of(t)
+            f = 1.0 if cal is None else cal.live
             self.live_factor[t] = f
             self._aci[t] = self._retrain_log[t] = math.log(f)
 
@@ -240,7 +240,7 @@ class RetrainWorker:
         republish the served models when a factor has moved enough; None when nothing was
         published."""
         served = self.registry.served
-        targets = list(served.manifest.get("models") or {}) if served.source == "learned" else []
+        targets = list(served.manifest.models) if served.source == "learned" else []
         q = served.quantile
         changed: dict[str, float] = {}
         for t in TARGETS:
@@ -255,13 +255,11 @@ class RetrainWorker:
                 changed[t] = math.exp(step)
         if not changed:
             return None
-        cal = {t: dict(c) for t, c in (served.manifest.get("calibration") or {}).items()}
+        cal = {t: c.to_json() for t, c in (served.manifest.calibration or {}).items()}
         for t, f in changed.items():
             cal[t] = calibration.scale_spec(cal.get(t), f)
-        manifest = dict(served.manifest)
-        manifest["calibration"] = cal
-        manifest["recalibrated"] = {"from": served.version, "factors": changed,
-                                    "live_factor": {t: math.exp(self._aci[t]) for t in changed}}
+        manifest = served.manifest.updated(calibration=cal, recalibrated={
+            "from": served.version, "factors": changed, "live_factor": {t: math.exp(self._aci[t]) for t in changed}})
         bundle = self.registry.publish(manifest, self.registry.served_files())
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         for t in changed:
@@ -402,26 +400,25 @@ class RetrainWorker:
         else the served prior (the target then has no model in the new bundle)."""
         m = served.manifest
         files = self.registry.served_files()
-        names = (m.get("features") or {}).get("features") or {}
         for t in kept:
-            spec = (m.get("models") or {}).get(t)
-            compatible = (served.source == "learned" and spec is not None and spec["file"] in files
+            spec = m.models.get(t)
+            compatible = (served.source == "learned" and spec is not None and spec.file in files
                           and served.model_kind == result.config.model_type
                           and served.objective == result.config.objective
                           and served.quantile == result.config.quantile
-                          and tuple(names.get(t) or ()) == tuple(result.feature_names[t]))
-            result.prior[t] = m["prior"][t]
+                          and tuple(m.feature_names(t) or ()) == tuple(result.feature_names[t]))
+            result.prior[t] = m.prior[t].to_json()
             result.base.pop(t, None)
             if compatible:
-                result.models[t] = files[spec["file"]]
-                if t in (m.get("base") or {}):  # the served model's own base goes with it
-                    result.base[t] = m["base"][t]
-                cal = (m.get("calibration") or {}).get(t)
-                if cal:
-                    result.calibration[t] = cal
+                result.models[t] = files[spec.file]
+                if t in (m.base or {}):  # the served model's own base goes with it
+                    result.base[t] = m.base[t].to_json()
+                cal = m.calibration_of(t)
+                if cal is not None and cal.to_json():
+                    result.calibration[t] = cal.to_json()
                 else:
                     result.calibration.pop(t, None)
-                result.n_train[t] = int(((m.get("training") or {}).get(t) or {}).get("n_train", 0))
+                result.n_train[t] = m.n_train(t)
             else:
                 result.models.pop(t, None)
                 result.calibration.pop(t, None)

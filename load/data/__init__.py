@@ -9,6 +9,8 @@ import gzip
 from pathlib import Path
 from typing import IO
 
+import orjson
+
 
 def data_root() -> Path:
     """Directory holding the shipped data sets (inside the installed ``load`` package)."""
@@ -26,3 +28,9 @@ def open_data(path: str | Path, binary: bool = False) -> IO:
 
 #: 3,400 training entries recorded from a live llm-d deployment (``llmd-h200-traces/``).
 SHAREGPT = data_root() / "llmd-h200-traces" / "sharegpt-h200.jsonl.gz"
+
+
+def load_entries(path: Path = SHAREGPT) -> list[dict]:
+    """Recorded training entries (one JSON object a line)."""
+    with open_data(path, binary=True) as f:
+        return [orjson.loads(line) for line in f if line.strip()]

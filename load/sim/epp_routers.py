@@ -19,6 +19,7 @@ from epp_client.gateway.prefix import PrefixIndex
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
 from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile
+from features.scoring import pinball_loss
 
 from .request import SimRequest
 from .routers import BaseRouter
@@ -76,7 +77,7 @@ class _Sink:
                 a[0] += 1
                 a[1] += y <= p
                 a[2] += abs(p - y) / y
-                a[3] += q * (y - p) if y >= p else (1 - q) * (p - y)
+                a[3] += pinball_loss((y,), (p,), q)
 
     def accuracy(self) -> dict:
         out = {}

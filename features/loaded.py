@@ -1,6 +1,7 @@
 """The model runtime: a verified bundle (or the built-in prior) turned into predictions.
 
-Shared by the prediction server (hot path) and the training server (``POST /predict``).
+Shared by the prediction server (hot path) and the training server (``POST /predict``, the
+publish gate); the manifest it serves from is a typed :class:`features.manifest.Manifest`.
 Models are loaded from their native formats only (XGBoost UBJSON/JSON, LightGBM text),
 each with one thread: servers scale by process, never by OpenMP threads.
 """
@@ -8,14 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
 
-from features.bundle import BundleError, validate_manifest
-from features.matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
-from features.schema import parse_row
-from features.prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base
+from .bundle import BundleError
+from .manifest import Linear, Manifest, TargetCalibration
+from .matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
+from .prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base
+from .schema import SCHEMA_VERSION, parse_row
 
 # z for a two-sided 90% band around the prediction when reporting bounds
 _Z = 1.645
@@ -104,29 +107,35 @@ _LOADERS = {"xgboost": _load_xgboost, "lightgbm": _load_lightgbm}
 
 @dataclass
 class Calibration:
+    """A target's calibration (:class:`features.manifest.TargetCalibration`) ready to apply:
+    a regime without its own entry uses the global scale and offset."""
+
     scale: float = 1.0
     offset: float = 0.0
     regime_scale: np.ndarray | None = None
     regime_offset: np.ndarray | None = None
 
     @classmethod
-    def from_manifest(cls, spec: Mapping | None) -> "Calibration":
-        if not spec:
+    def from_spec(cls, spec: TargetCalibration | None) -> "Calibration":
+        if spec is None:
             return cls()
-        cal = cls(float(spec.get("scale", 1.0)), float(spec.get("offset_ms", 0.0)))
-        by = spec.get("by_regime") or {}
+        cal = cls(spec.factor, spec.offset)
+        by = spec.by_regime or {}
         if by:
-            cal.regime_scale = np.array([float(by.get(r, {}).get("scale", cal.scale)) for r in REGIME_NAMES])
-            cal.regime_offset = np.array([float(by.get(r, {}).get("offset_ms", cal.offset)) for r in REGIME_NAMES])
+            regs = [by.get(r) for r in REGIME_NAMES]
+            cal.regime_scale = np.array([cal.scale if r is None or r.scale is None else float(r.scale)
+                                         for r in regs])
+            cal.regime_offset = np.array([cal.offset if r is None or r.offset_ms is None else float(r.offset_ms)
+                                          for r in regs])
         values = [cal.scale, cal.offset]
-        if cal.regime_scale is not None:
+        if cal.regime_scale is not None and cal.regime_offset is not None:
             values += [*cal.regime_scale.tolist(), *cal.regime_offset.tolist()]
         if not np.isfinite(values).all():
             raise BundleError("calibration values must be finite")
         return cal
 
     def apply(self, y: np.ndarray, raw: np.ndarray) -> np.ndarray:
-        if self.regime_scale is not None:
+        if self.regime_scale is not None and self.regime_offset is not None:
             idx = regimes(raw)
             return y * self.regime_scale[idx] + self.regime_offset[idx]
         if self.scale == 1.0 and self.offset == 0.0:
@@ -143,7 +152,7 @@ class LoadedBundle:
     model_kind: str
     objective: str
     quantile: float
-    manifest: dict
+    manifest: Manifest
     loaded_at: float = field(default_factory=time.time)
     _predictors: dict = field(default_factory=dict, repr=False)
     _prior: LinearPrior = field(default_factory=LinearPrior, repr=False)
@@ -155,39 +164,42 @@ class LoadedBundle:
 
     @classmethod
     def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
-        """The analytic default used before any bundle exists."""
+        """The analytic default used before any bundle exists (version ``prior-default``)."""
+        manifest = Manifest(version="prior-default", schema_version=SCHEMA_VERSION, model_kind="prior",
+                            objective="quantile", quantile=quantile, mode="streaming", models=MappingProxyType({}),
+                            prior=MappingProxyType({t: Linear.from_json(p) for t, p in DEFAULT_PRIOR.items()}))
         return cls(version="prior-default", source="prior", model_kind="prior", objective="quantile",
-                   quantile=quantile, manifest={"prior": DEFAULT_PRIOR})
+                   quantile=quantile, manifest=manifest)
 
     @classmethod
-    def from_files(cls, manifest: Mapping, files: Mapping[str, bytes]) -> "LoadedBundle":
-        """Build from a manifest and its (already size/sha256-verified) model files."""
-        m = validate_manifest(manifest)
+    def from_files(cls, manifest: Manifest | Mapping, files: Mapping[str, bytes]) -> "LoadedBundle":
+        """Build from a manifest (typed, or JSON to validate) and its (already
+        size/sha256-verified) model files."""
+        m = manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)
         predictors = {}
-        for target, spec in m["models"].items():
-            data = files.get(spec["file"])
+        for target, spec in m.models.items():
+            data = files.get(spec.file)
             if data is None:
-                raise BundleError(f"model file {spec['file']} missing")
+                raise BundleError(f"model file {spec.file} missing")
             try:
-                predictors[target] = _LOADERS[m["model_kind"]](data, spec["format"])
+                predictors[target] = _LOADERS[m.model_kind](data, spec.format)
             except BundleError:
                 raise
             except Exception as e:  # native loaders raise library-specific errors
-                raise BundleError(f"cannot load {spec['file']}: {e}") from None
-        calibration = {t: Calibration.from_manifest((m.get("calibration") or {}).get(t)) for t in TARGETS}
-        metrics = m.get("metrics") or {}
-        uncertainty = {t: float((metrics.get(t) or {}).get("residual_std", 0.0) or 0.0) for t in TARGETS}
+                raise BundleError(f"cannot load {spec.file}: {e}") from None
+        calibration = {t: Calibration.from_spec(m.calibration_of(t)) for t in TARGETS}
+        uncertainty = {t: m.residual_std(t) for t in TARGETS}
         if not all(np.isfinite(u) and u >= 0 for u in uncertainty.values()):
-            raise BundleError(f"bundle {m['version']}: residual spreads must be finite and >= 0")
-        names = {t: tuple(n) for t, n in ((m.get("features") or {}).get("features") or {}).items()}
-        base = LinearBase(validate_base(m.get("base") or {}))
+            raise BundleError(f"bundle {m.version}: residual spreads must be finite and >= 0")
+        names = {t: n for t in TARGETS if (n := m.feature_names(t)) is not None}
+        base = LinearBase(validate_base(m.base_json()))
         try:
             base_w = {t: base.applier(t, names.get(t)) for t in base.params}
         except ValueError as e:
             raise BundleError(f"manifest.base.{e}") from None
-        bundle = cls(version=m["version"], source="learned" if predictors else "prior",
-                     model_kind=m["model_kind"], objective=m["objective"], quantile=float(m["quantile"]),
-                     manifest=m, _predictors=predictors, _prior=LinearPrior(m["prior"]),
+        bundle = cls(version=m.version, source="learned" if predictors else "prior",
+                     model_kind=m.model_kind, objective=m.objective, quantile=float(m.quantile),
+                     manifest=m, _predictors=predictors, _prior=LinearPrior(m.prior_json()),
                      _calibration=calibration, _uncertainty=uncertainty, _names=names, _base=base_w)
         bundle.smoke_test()
         return bundle

@@ -1,4 +1,4 @@
-"""Test support: run the prediction app on loopback in a thread, and a stand-in bundle server.
+"""Test support: run an ASGI app (either server) on loopback in a thread, and a stand-in bundle server.
 
 ``BundleServer`` speaks the model-distribution protocol of docs/wire-api.md §2
 (``GET /v1/bundles/latest`` with ETag / If-None-Match -> 304, 404 before any bundle;
@@ -20,7 +20,7 @@ from typing import Iterator
 from features.bundle import MANIFEST, list_bundles
 
 
-def _port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -31,17 +31,17 @@ def run_app(app, timeout: float = 20.0) -> Iterator[str]:
     """Serve an ASGI app with uvicorn (lifespan on) on 127.0.0.1:<free port> in a thread."""
     import uvicorn
 
-    port = _port()
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                             lifespan="on", http="httptools", loop="asyncio")
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None
-    thread = threading.Thread(target=server.run, name=f"prediction-app-{port}", daemon=True)
+    thread = threading.Thread(target=server.run, name=f"app-{port}", daemon=True)
     thread.start()
     give_up = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > give_up:
-            raise RuntimeError("prediction app did not start")
+            raise RuntimeError("app did not start")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"

@@ -1,14 +1,25 @@
-"""Scores of quantile predictions: pinball loss, coverage, MAPE, per target and load regime."""
+"""Scores of quantile predictions: pinball loss, coverage, MAPE, per target and load regime.
+
+The one pinball loss of the project (training, calibration choice, evaluation, live metrics
+and the real-engine harness all call :func:`pinball_loss`). Coverage is a percentage
+everywhere (share of actuals <= prediction, x 100), in manifests as in metrics.
+"""
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
-from features.matrix import REGIME_NAMES, TARGETS, regimes
+from .matrix import REGIME_NAMES, TARGETS, regimes
 
 
-def pinball_loss(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> float:
+def pinball_loss(y_true: np.ndarray | Sequence[float], y_pred: np.ndarray | Sequence[float], quantile: float,
+                 weights: np.ndarray | None = None) -> float:
+    """Mean (weighted with ``weights``) pinball loss of quantile predictions; NaN without rows."""
     d = np.asarray(y_true, dtype=np.float64) - np.asarray(y_pred, dtype=np.float64)
-    return float(np.mean(np.maximum(quantile * d, (quantile - 1.0) * d))) if d.size else float("nan")
+    if not d.size:
+        return float("nan")
+    return float(np.average(np.maximum(quantile * d, (quantile - 1.0) * d), weights=weights))
 
 
 def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> dict:
