@@ -3,7 +3,7 @@ test in every load regime, never a prior-only bundle over a learned model, linea
 (a restarted training server's new lineage is taken, a downgrade within one never), and
 no credentials in /status.
 
-Bundles are real XGBoost bundles served by prediction_server.testing.BundleServer (a real
+Bundles are real XGBoost bundles served by tests/support/servers.BundleServer (a real
 HTTP server on loopback) or read from a real local directory; the prediction server is
 the real app on loopback, driven with POST /reload.
 """

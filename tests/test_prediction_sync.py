@@ -1,7 +1,7 @@
 """Bundle sync: polling with ETag, atomic swaps, rejection of bad bundles, no downgrade,
 the last good bundle kept when the bundle server dies, local-directory mode, /reload token.
 
-The bundle source is prediction_server.testing.BundleServer, a real HTTP server on loopback
+The bundle source is tests/support/servers.BundleServer, a real HTTP server on loopback
 speaking docs/wire-api.md §2 over a directory of real XGBoost bundles.
 """
 from __future__ import annotations

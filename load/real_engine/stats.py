@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from features.scoring import pinball_loss
+
 from .driver import Result
 from .workload import Workload
 
@@ -22,9 +24,7 @@ def pct(xs: Iterable[float | None], q: float) -> float | None:
 
 
 def pinball(actual: list[float], pred: list[float], q: float = QUANTILE) -> float | None:
-    if not actual:
-        return None
-    return sum(max(q * (a - p), (q - 1) * (a - p)) for a, p in zip(actual, pred)) / len(actual)
+    return pinball_loss(actual, pred, q) if actual else None
 
 
 def accuracy(records: list[dict]) -> dict:
