@@ -22,9 +22,9 @@ import random
 import time
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.gateway.prefix import PrefixIndex
-from epp_client.gateway.prompt import BYTES_PER_TOKEN, block_hashes
-from epp_client.gateway.settings import GatewaySettings
+from gateway.prefix import PrefixIndex
+from gateway.prompt import BYTES_PER_TOKEN, block_hashes
+from gateway.settings import GatewaySettings
 from epp_client.plugins import PrefixCacheScorer
 
 PROMPT_TOKENS = (1024, 8192, 32768)

@@ -254,10 +254,10 @@ def test_pd_predictions_carry_pod_type_and_train_ttft_on_prefill_tpot_on_decode(
 def test_gateway_router_sends_the_prefill_host_port_upstream():
     import asyncio
 
-    from epp_client.gateway.epp_router import EppRouter
-    from epp_client.gateway.prefix import Match
-    from epp_client.gateway.router import Candidate, RequestInfo
-    from epp_client.gateway.scrape import EndpointState
+    from gateway.epp_router import EppRouter
+    from gateway.prefix import Match
+    from gateway.router import Candidate, RequestInfo
+    from gateway.scrape import EndpointState
 
     router = EppRouter(sched(pd_config(decider_params={"nonCachedTokens": 512})))
     cands = [Candidate(EndpointState("dec", "http://127.0.0.1:9001", labels={ROLE: "decode"}), Match(0, 100, 16)),

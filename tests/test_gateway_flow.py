@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.flowgate import FlowGate
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.epp_router import EppRouter
+from gateway.flowgate import FlowGate
+from gateway.settings import GatewaySettings
 from epp_client.scheduler import Scheduler
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 

@@ -8,14 +8,14 @@ import httpx
 import orjson
 import pytest
 
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.prefix import PrefixIndex
-from epp_client.gateway.prompt import BodyError, block_hashes, extract_prompt
-from epp_client.gateway.router import BuiltinRouter, Decision
-from epp_client.gateway.scrape import parse_metrics
-from epp_client.gateway.settings import GatewaySettings, SettingsError
-from epp_client.gateway.sse import StreamObserver
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.prefix import PrefixIndex
+from gateway.prompt import BodyError, block_hashes, extract_prompt
+from gateway.router import BuiltinRouter, Decision
+from gateway.scrape import parse_metrics
+from gateway.settings import GatewaySettings, SettingsError
+from gateway.sse import StreamObserver
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.epp_router import EppRouter
+from gateway.settings import GatewaySettings
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 ADMITTER_CONFIG = PREDICTED_LATENCY_SLO_CONFIG  # includes latency-slo-admitter

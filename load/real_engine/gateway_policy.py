@@ -15,10 +15,10 @@ import argparse
 import logging
 
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.epp_router import EppRouter
+from gateway.settings import GatewaySettings
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
 from epp_client.predictor import PredictorClient

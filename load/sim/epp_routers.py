@@ -15,7 +15,7 @@ import random
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.prefix import PrefixIndex
+from gateway.prefix import PrefixIndex
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
 from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile

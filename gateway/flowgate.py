@@ -29,7 +29,7 @@ from epp_client.flowcontrol import (REJECTED_TTL, EndpointLoad, FlowControl, Pro
 from .router import Candidate, Decision, Outcome, RequestInfo
 from .scrape import cancel_task
 
-log = logging.getLogger("epp_client.gateway.flowgate")
+log = logging.getLogger("gateway.flowgate")
 
 
 class FlowGate:

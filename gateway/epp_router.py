@@ -22,7 +22,7 @@ from epp_client.types import Endpoint, EndpointMetrics, InferenceRequest, Prefix
 from .router import Candidate, Decision, Outcome, RequestInfo
 from .settings import GatewaySettings
 
-log = logging.getLogger("epp_client.gateway.epp_router")
+log = logging.getLogger("gateway.epp_router")
 
 
 class _Picks:

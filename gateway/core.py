@@ -29,7 +29,7 @@ from .scrape import EndpointState, Scraper
 from .settings import GatewaySettings
 from .sse import BodyObserver, StreamObserver
 
-log = logging.getLogger("epp_client.gateway")
+log = logging.getLogger("gateway")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailers", "transfer-encoding", "upgrade", "host", "content-length"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-log = logging.getLogger("epp_client.gateway.scrape")
+log = logging.getLogger("gateway.scrape")
 
 # name -> (attribute, scale); the first name found for an attribute wins (order matters)
 KV_NAMES = (
