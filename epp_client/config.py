@@ -38,8 +38,10 @@ from .plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .plugins.deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
 from .plugins.disagg import DisaggProfileHandler
 from .plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
+from .plugins.inflight_scorer import InFlightTokenScorer
 from .plugins.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from .plugins.predicted_decider import PredictedPDDecider
+from .plugins.prefix import ApproxPrefixProducer
 from .plugins.producer import PredictedLatencyProducer
 from .plugins.roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .plugins.scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer,
@@ -51,12 +53,13 @@ PLUGIN_TYPES: dict[str, type] = {c.TYPE: c for c in (
     PredictedLatencyProducer, PrefixCacheAffinityFilter, SloHeadroomTierFilter, LatencyScorer, QueueScorer,
     KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer, LatencySloAdmitter, ProbabilisticAdmitter,
     WeightedRandomPicker, MaxScorePicker, RandomPicker, InFlightTracker, DecodeFilter, PrefillFilter, EncodeFilter,
-    PrefixBasedPDDecider, AlwaysDisaggPDDecider, PredictedPDDecider, DisaggProfileHandler)}
+    PrefixBasedPDDecider, AlwaysDisaggPDDecider, PredictedPDDecider, DisaggProfileHandler, InFlightTokenScorer,
+    ApproxPrefixProducer)}
 
 #: Upstream plugin types accepted and ignored here: the router supplies their data itself
 #: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
 #: control (``flowcontrol.build_flow_control`` builds those).
-IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer", *FLOW_PLUGIN_TYPES})
+IGNORED_TYPES = frozenset({"single-profile-handler", *FLOW_PLUGIN_TYPES})
 
 _TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
                        "data", "flowControl"})
@@ -127,6 +130,8 @@ def _role(plugin: Any) -> str:
         return "producer"
     if isinstance(plugin, InFlightTracker):
         return "inflight"
+    if isinstance(plugin, ApproxPrefixProducer):
+        return "prefix"
     if isinstance(plugin, _HandlerSpec):
         return "handler"
     if callable(getattr(plugin, "disaggregate", None)):
@@ -207,6 +212,8 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     producer = instances[producers[0]] if producers else None
     trackers = [instances[n] for n in order if _role(instances[n]) == "inflight"]
     inflight = trackers[0] if trackers else InFlightTracker()
+    prefixes = [instances[n] for n in order if _role(instances[n]) == "prefix"]
+    prefix = prefixes[0] if prefixes else None
     admitters = [instances[n] for n in order if _role(instances[n]) == "admit"]
     pickers = [instances[n] for n in order if _role(instances[n]) == "pick"]
     handlers = [n for n in order if _role(instances[n]) == "handler"]
@@ -219,7 +226,7 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     profiles_cfg = cfg.get("schedulingProfiles")
     if not profiles_cfg:
         if not plugins_cfg:
-            return Scheduler(producer, admitters, [default_profile()], inflight)
+            return Scheduler(producer, admitters, [default_profile()], inflight, prefix_producer=prefix)
         if handler is not None:
             raise ConfigError("schedulingProfiles", "required with a disagg-profile-handler")
         profiles_cfg = [{"name": "default", "plugins": [{"pluginRef": n} for n in order]}]
@@ -264,4 +271,4 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     if handler is not None and handler.decode_profile not in {p.name for p in profiles}:
         raise ConfigError("schedulingProfiles", f"the disagg-profile-handler needs a profile named "
                                                 f"{handler.decode_profile!r}")
-    return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler)
+    return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler, prefix_producer=prefix)

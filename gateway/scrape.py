@@ -92,8 +92,6 @@ class EndpointState:
     scraped_at: float = 0.0          # monotonic time of the last good scrape
     scrape_failures: int = 0         # consecutive
     dispatch_failures: int = 0       # consecutive failures before first byte
-    inflight_requests: int = 0       # requests this gateway has in flight there
-    inflight_tokens: int = 0         # their uncached prompt tokens until the first chunk
     labels: dict = field(default_factory=dict)  # e.g. {"llm-d.ai/role": "prefill"} for P/D profiles
 
     @property

@@ -15,7 +15,7 @@ from conftest import REPO
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
 from gateway.app import build_app
 from gateway.core import Gateway
-from gateway.router import BuiltinRouter
+from epp_client.heuristics import LeastLoadScheduler
 from gateway.settings import GatewaySettings
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 
@@ -78,7 +78,7 @@ def test_builtin_router_start_up_line_says_no_predictor(engines):
     from gateway.cli import startup_lines
 
     s = GatewaySettings(endpoints=[engines[0].url])
-    lines = startup_lines(s, BuiltinRouter(), "http://127.0.0.1:9")
+    lines = startup_lines(s, LeastLoadScheduler(), "http://127.0.0.1:9")
     text = "\n".join(lines)
     assert "listening on http://127.0.0.1:9" in text
     assert engines[0].url in text
@@ -88,7 +88,7 @@ def test_builtin_router_start_up_line_says_no_predictor(engines):
 def test_completed_requests_are_not_client_disconnects(engines):
     engines[0].state.token_delay = 0.0
     s = GatewaySettings(endpoints=[engines[0].url], port=free_port(), scrape_interval_s=0.05)
-    gw = Gateway(s, BuiltinRouter())
+    gw = Gateway(s, LeastLoadScheduler())
     srv = ServerThread(build_app(gw), s.port).start()
     try:
         for body in ({"prompt": "p", "max_tokens": 5, "stream": True}, {"prompt": "p", "max_tokens": 3}):

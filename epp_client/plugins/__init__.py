@@ -19,8 +19,10 @@ from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
 from .disagg import DisaggProfileHandler
 from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
+from .inflight_scorer import InFlightTokenScorer
 from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from .predicted_decider import PredictedPDDecider
+from .prefix import ApproxPrefixProducer
 from .producer import PredictedLatencyProducer
 from .roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer, QueueScorer,
@@ -31,5 +33,5 @@ __all__ = [
     "KVCacheUtilizationScorer", "PrefixCacheScorer", "LoraAffinityScorer", "LatencySloAdmitter",
     "ProbabilisticAdmitter", "WeightedRandomPicker", "MaxScorePicker", "RandomPicker", "composite_scores",
     "DecodeFilter", "PrefillFilter", "EncodeFilter", "PrefixBasedPDDecider", "AlwaysDisaggPDDecider",
-    "PredictedPDDecider", "DisaggProfileHandler",
+    "PredictedPDDecider", "DisaggProfileHandler", "InFlightTokenScorer", "ApproxPrefixProducer",
 ]
