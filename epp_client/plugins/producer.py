@@ -34,9 +34,8 @@ from typing import Any, Callable
 from ..params import Configurable, Param, ge, gt
 from ..predictor import BulkPrediction
 from ..types import Endpoint, InferenceRequest, LatencyPrediction
-from .producer_state import RunningQueue, RequestContext
-
-PREFILL_PROFILE = "prefill"
+from ..inflight import PREFILL_PROFILE
+from .producer_state import RequestContext, RunningQueue
 _KNOWN_POD_TYPES = ("prefill", "decode")
 
 
