@@ -146,3 +146,19 @@ def test_simulator_uses_the_configs_prefix_producer():
         config.replace("blockSizeTokens: 128", "blockSizeTokens: 100")), prefix=True)
     with pytest.raises(ValueError, match="blockSizeTokens"):
         Simulation(ClusterConfig([spec]), W.make_requests(arrivals[:2], [W.SloClass()], 0, spec), bad).run()
+
+
+def test_epp_client_does_not_import_the_gateway_or_the_simulator():
+    import ast
+    from pathlib import Path
+
+    import epp_client
+
+    root = Path(epp_client.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("gateway", "load")]
+    assert len(list(root.rglob("*.py"))) > 10 and offenders == []
