@@ -118,7 +118,9 @@ class Driver:
             res = await lc.aschedule(request, endpoints)
             return Routing(lc, res, self._order(res, endpoints), fallback=True, predicted={})
         predicted = res.predictions
-        fallback = isinstance(lc, LeastLoadScheduler) or (predicting(lc) and not predicted)
+        # without predictions: the heuristic, or a predicting scheduler whose producer gave none
+        # (a request that flow control turned away never reached the producer)
+        fallback = isinstance(lc, LeastLoadScheduler) or (predicting(lc) and bool(res.candidates) and not predicted)
         if fallback:
             self.metrics.fallbacks.labels(reason="no-predictions").inc()
         return Routing(lc, res, self._order(res, endpoints), fallback, predicted, res.model_version)

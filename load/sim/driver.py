@@ -25,6 +25,9 @@ from .workloads import SEG
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 #: The approximate prefix producer's default block: 64 tokens (B4.1).
 PREFIX_BLOCK = 64
+#: Without a configured producer the simulator matches whole prompts (no block cap; the
+#: Mooncake synthetic trace has prompts past the gateway's 2048 x 64 tokens).
+UNCAPPED = 2**31 - 1
 
 
 class BaseRouter:
@@ -112,7 +115,8 @@ class LifecycleRouter(BaseRouter):
         if callable(getattr(self.lifecycle, "bind", None)):
             self.lifecycle.bind(sim, self)
         if self.use_prefix:
-            self.prefix = getattr(self.lifecycle, "prefix_producer", None) or ApproxPrefixProducer(PREFIX_BLOCK)
+            self.prefix = (getattr(self.lifecycle, "prefix_producer", None)
+                           or ApproxPrefixProducer(PREFIX_BLOCK, max_prefix_blocks=UNCAPPED))
             if SEG % self.prefix.block_size_tokens:
                 raise ValueError(f"approx-prefix-cache-producer: blockSizeTokens must divide the simulator's "
                                  f"{SEG}-token prefix segments, got {self.prefix.block_size_tokens}")
