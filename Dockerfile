@@ -84,6 +84,7 @@ COPY features ./features
 COPY training_server ./training_server
 COPY prediction_server ./prediction_server
 COPY epp_client ./epp_client
+COPY gateway ./gateway
 COPY load ./load
 COPY latency_cli ./latency_cli
 # The package depends on xgboost-cpu (no NCCL wheel); prove both servers' imports and both

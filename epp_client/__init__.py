@@ -10,6 +10,8 @@ Public API::
                             LatencyPrediction, InferenceRequest, Admission, ConfigError)
     from epp_client.plugins import PredictedLatencyProducer, ...       # see plugins/
     from epp_client.scheduler import Scheduler, SchedulingProfile, SchedulingResult
+    from epp_client.lifecycle import RequestLifecycle     # the one request lifecycle
+    from epp_client.heuristics import LeastLoadScheduler, ...  # heuristic policies on it
     from epp_client.predictor import PredictorClient, InProcessPredictor, BulkPrediction
     from epp_client.training import TrainingReporter, ListSink
     from epp_client.inflight import InFlightTracker
@@ -24,6 +26,9 @@ Typical use::
                                   sink=TrainingReporter(url))
     res = sched.schedule(InferenceRequest(headers=..., input_tokens=...), endpoints)
     sched.pre_request(req, res); ...; sched.on_complete(req.request_id)
+
+The gateway (top-level ``gateway`` package) and the simulator (``load.sim``) drive every
+routing policy through this lifecycle; this package imports neither.
 """
 from .types import (Admission, ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
                     LatencyPrediction, PrefixMatch, rank_endpoints)

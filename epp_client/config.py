@@ -36,8 +36,8 @@ import yaml
 from .flowcontrol.config import FLOW_PLUGIN_TYPES
 from .inflight import InFlightTracker
 from .plugins.pickers import MaxScorePicker
-from .plugins.protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, ProfileHandler, Producer,
-                                Scorer)
+from .plugins.protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, PrefixProducer,
+                                ProfileHandler, Producer, Scorer)
 from .plugins.registry import discover, role_of
 from .scheduler import Scheduler, SchedulingProfile, default_profile
 from .types import ConfigError
@@ -45,7 +45,7 @@ from .types import ConfigError
 #: Upstream plugin types accepted and ignored here: the router supplies their data itself
 #: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
 #: control (``flowcontrol.build_flow_control`` builds those).
-IGNORED_TYPES = frozenset({"single-profile-handler", "approx-prefix-cache-producer", *FLOW_PLUGIN_TYPES})
+IGNORED_TYPES = frozenset({"single-profile-handler", *FLOW_PLUGIN_TYPES})
 
 _TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
                        "data", "flowControl"})
@@ -191,6 +191,8 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     producer = instances[producers[0]] if producers else None
     trackers = [instances[n] for n in order if _role(instances[n]) is InFlightLoadProducer]
     inflight = trackers[0] if trackers else InFlightTracker()
+    prefixes = [instances[n] for n in order if _role(instances[n]) is PrefixProducer]
+    prefix = prefixes[0] if prefixes else None
     admitters = [instances[n] for n in order if _role(instances[n]) is Admitter]
     pickers = [instances[n] for n in order if _role(instances[n]) is Picker]
     handlers = [n for n in order if _role(instances[n]) is ProfileHandler]
@@ -203,7 +205,7 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     profiles_cfg = cfg.get("schedulingProfiles")
     if not profiles_cfg:
         if not plugins_cfg:
-            return Scheduler(producer, admitters, [default_profile()], inflight)
+            return Scheduler(producer, admitters, [default_profile()], inflight, prefix_producer=prefix)
         if handler is not None:
             raise ConfigError("schedulingProfiles", "required with a disagg-profile-handler")
         profiles_cfg = [{"name": "default", "plugins": [{"pluginRef": n} for n in order]}]
@@ -248,4 +250,4 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
     if handler is not None and handler.decode_profile not in {p.name for p in profiles}:
         raise ConfigError("schedulingProfiles", f"the disagg-profile-handler needs a profile named "
                                                 f"{handler.decode_profile!r}")
-    return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler)
+    return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler, prefix_producer=prefix)

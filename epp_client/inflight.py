@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from .params import Plugin, ge, gt, param
 from .plugins.protocols import InFlightLoadProducer
 from .plugins.registry import plugin
-from .types import Endpoint, InFlightLoad, InferenceRequest
-
-PREFILL_PROFILE = "prefill"
+from .types import PREFILL_PROFILE, Endpoint, InFlightLoad, InferenceRequest
 
 
 @dataclass

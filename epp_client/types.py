@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+#: The scheduling profile that picks the prefill endpoint under P/D disaggregation.
+PREFILL_PROFILE = "prefill"
+
 #: SLO request headers: the new name first, then the deprecated alias (B §1.3, B3).
 TTFT_SLO_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 TPOT_SLO_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")

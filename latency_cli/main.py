@@ -12,7 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("latency_cli.up", "start one training server and N prediction servers on loopback"),
     "simulate": ("load.simulate_cli", "run a simulated-cluster routing benchmark and write a report"),
     "evaluate": ("training_server.evaluate", "offline accuracy evaluation of the trainer on recorded traces"),
-    "gateway": ("epp_client.gateway", "OpenAI-compatible routing gateway in front of model servers"),
+    "gateway": ("gateway", "OpenAI-compatible routing gateway in front of model servers"),
 }
 
 

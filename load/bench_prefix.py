@@ -1,10 +1,10 @@
-"""``python -m load.bench_epp --mode prefix``: cost of the approximate prefix index plus
+"""``python -m load.bench_epp --mode prefix``: cost of the approximate prefix producer plus
 the prefix-cache scorer per scheduling decision.
 
 One decision = hash the prompt into chained blocks (``block_hashes``), match the blocks
-against every endpoint's LRU (``PrefixIndex.match``), score the endpoints with
+against every endpoint's LRU (``ApproxPrefixProducer.produce``), score the endpoints with
 ``prefix-cache-scorer``, record the blocks for the picked endpoint
-(``PrefixIndex.record``, the PreRequest step). Default config: the gateway's defaults
+(``ApproxPrefixProducer.record``, the PreRequest step). Default config: the producer's defaults
 (64-token blocks, at most 2048 blocks, an LRU of 31,250 blocks per endpoint) and the
 scorer's defaults; 16 endpoints.
 
@@ -17,30 +17,21 @@ the hashing step alone (wall clock), the part that grows with the prompt.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 
-from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.gateway.prefix import PrefixIndex
-from epp_client.gateway.prompt import BYTES_PER_TOKEN, block_hashes
-from epp_client.gateway.settings import GatewaySettings
-from epp_client.plugins import PrefixCacheScorer
+from epp_client import Endpoint, EndpointMetrics, InferenceRequest
+from epp_client.plugins import ApproxPrefixProducer, PrefixCacheScorer
+from gateway.prompt import BYTES_PER_TOKEN, block_hashes
 
 PROMPT_TOKENS = (1024, 8192, 32768)
 HIT_RATES = (0.0, 0.1, 0.5, 0.9)
 N_SHARED = 32           # shared prefixes, each first recorded on one endpoint
 
 
-def _defaults() -> dict:
-    return {f.name: f.default for f in dataclasses.fields(GatewaySettings)
-            if f.name in ("block_size_tokens", "max_prefix_blocks", "lru_capacity_per_endpoint")}
-
-
 def run_cell(tokens: int, hit: float, n: int, n_endpoints: int, rec_factory, seed: int = 1) -> dict:
-    d = _defaults()
-    block, max_blocks = d["block_size_tokens"], d["max_prefix_blocks"]
-    index = PrefixIndex(block, d["lru_capacity_per_endpoint"])
+    index = ApproxPrefixProducer()
+    block, max_blocks = index.block_size_tokens, index.max_prefix_blocks
     scorer = PrefixCacheScorer()
     rng = random.Random(seed)
     size = tokens * BYTES_PER_TOKEN
@@ -62,9 +53,7 @@ def run_cell(tokens: int, hit: float, n: int, n_endpoints: int, rec_factory, see
         started = rec.start()
         hashes = block_hashes(prompt, block, max_blocks)
         hashed = time.perf_counter()
-        total = len(hashes)
-        for e in endpoints:
-            e.prefix_match = PrefixMatch(index.match(e.name, hashes).match_blocks, total, block)
+        index.produce(hashes, endpoints)
         scores = scorer.score(req, endpoints)
         # max score; with nothing matched anywhere (0% hit) spread round-robin
         best = max(scores, key=scores.get) if hit > 0 else names[i % n_endpoints]

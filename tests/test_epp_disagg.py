@@ -251,23 +251,23 @@ def test_pd_predictions_carry_pod_type_and_train_ttft_on_prefill_tpot_on_decode(
 
 
 # -- gateway ----------------------------------------------------------------------------
-def test_gateway_router_sends_the_prefill_host_port_upstream():
+def test_gateway_dispatch_sends_the_prefill_host_port_upstream():
     import asyncio
 
-    from epp_client.gateway.epp_router import EppRouter
-    from epp_client.gateway.prefix import Match
-    from epp_client.gateway.router import Candidate, RequestInfo
-    from epp_client.gateway.scrape import EndpointState
+    from gateway.routing import to_endpoint
+    from gateway.scrape import EndpointState
 
-    router = EppRouter(sched(pd_config(decider_params={"nonCachedTokens": 512})))
-    cands = [Candidate(EndpointState("dec", "http://127.0.0.1:9001", labels={ROLE: "decode"}), Match(0, 100, 16)),
-             Candidate(EndpointState("pre", "http://127.0.0.1:9002", labels={ROLE: "prefill"}), Match(0, 100, 16))]
+    s = sched(pd_config(decider_params={"nonCachedTokens": 512}))
+    eps = [to_endpoint(EndpointState("dec", "http://127.0.0.1:9001", labels={ROLE: "decode"})),
+           to_endpoint(EndpointState("pre", "http://127.0.0.1:9002", labels={ROLE: "prefill"}))]
+    for e in eps:
+        e.prefix_match = PrefixMatch(0, 100, 16)
 
-    def info(tokens):
-        return RequestInfo("r%d" % tokens, {"x-prefiller-host-port": "client:1"}, 0, tokens, "m", True, None,
-                           "/v1/completions")
-    long, short = info(4000), info(10)
-    d_long = asyncio.run(router.schedule(long, cands))
-    d_short = asyncio.run(router.schedule(short, cands))
-    assert [c.state.name for c in d_long.order] == ["dec"] and long.headers["x-prefiller-host-port"] == "127.0.0.1:9002"
-    assert [c.state.name for c in d_short.order] == ["dec"] and "x-prefiller-host-port" not in short.headers
+    def dispatched(tokens):
+        req = InferenceRequest("r%d" % tokens, {"x-prefiller-host-port": "client:1"}, 0, tokens, "m", True)
+        res = asyncio.run(s.aschedule(req, eps))
+        s.pre_request(req, res)
+        return res, req.headers
+    (r_long, h_long), (r_short, h_short) = dispatched(4000), dispatched(10)
+    assert [e.name for e in r_long.picked] == ["dec"] and h_long["x-prefiller-host-port"] == "127.0.0.1:9002"
+    assert [e.name for e in r_short.picked] == ["dec"] and "x-prefiller-host-port" not in h_short

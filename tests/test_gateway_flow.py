@@ -9,11 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.flowgate import FlowGate
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.flowgate import FlowGate
+from gateway.settings import GatewaySettings
 from epp_client.scheduler import Scheduler
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 
@@ -34,7 +33,7 @@ def start(tmp, urls, text):
     cfg = tmp / f"epp-{free_port()}.yaml"
     cfg.write_text(text)
     s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg), scrape_interval_s=0.05)
-    router = FlowGate.wrap(EppRouter(Scheduler.from_config(text)), text, s.scrape_interval_s)
+    router = FlowGate.wrap(Scheduler.from_config(text), text, s.scrape_interval_s)
     assert isinstance(router, FlowGate)
     return ServerThread(build_app(Gateway(s, router)), s.port).start()
 

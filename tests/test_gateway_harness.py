@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.settings import GatewaySettings
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 from load.real_engine.driver import Result, drive, fetch_records
 from load.real_engine.gateway_policy import build_router

@@ -13,10 +13,10 @@ import httpx
 
 from conftest import REPO
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.router import BuiltinRouter
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from epp_client.heuristics import LeastLoadScheduler
+from gateway.settings import GatewaySettings
 from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 DISCONNECTS = re.compile(r'^latency_gateway_client_disconnects_total\{stage="(\w+)"\} (\S+)$', re.M)
@@ -75,10 +75,10 @@ def test_gateway_prints_where_it_listens_and_what_it_routes_to(engines, tmp_path
 
 
 def test_builtin_router_start_up_line_says_no_predictor(engines):
-    from epp_client.gateway.cli import startup_lines
+    from gateway.cli import startup_lines
 
     s = GatewaySettings(endpoints=[engines[0].url])
-    lines = startup_lines(s, BuiltinRouter(), "http://127.0.0.1:9")
+    lines = startup_lines(s, LeastLoadScheduler(), "http://127.0.0.1:9")
     text = "\n".join(lines)
     assert "listening on http://127.0.0.1:9" in text
     assert engines[0].url in text
@@ -88,7 +88,7 @@ def test_builtin_router_start_up_line_says_no_predictor(engines):
 def test_completed_requests_are_not_client_disconnects(engines):
     engines[0].state.token_delay = 0.0
     s = GatewaySettings(endpoints=[engines[0].url], port=free_port(), scrape_interval_s=0.05)
-    gw = Gateway(s, BuiltinRouter())
+    gw = Gateway(s, LeastLoadScheduler())
     srv = ServerThread(build_app(gw), s.port).start()
     try:
         for body in ({"prompt": "p", "max_tokens": 5, "stream": True}, {"prompt": "p", "max_tokens": 3}):

@@ -8,24 +8,24 @@ import httpx
 import orjson
 import pytest
 
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.prefix import PrefixIndex
-from epp_client.gateway.prompt import BodyError, block_hashes, extract_prompt
-from epp_client.gateway.router import BuiltinRouter, Decision
-from epp_client.gateway.scrape import parse_metrics
-from epp_client.gateway.settings import GatewaySettings, SettingsError
-from epp_client.gateway.sse import StreamObserver
+from gateway.app import build_app
+from gateway.core import Gateway
+from epp_client.plugins.prefix import ApproxPrefixProducer
+from gateway.prompt import BodyError, block_hashes, extract_prompt
+from epp_client.heuristics import LeastLoadScheduler
+from gateway.scrape import parse_metrics
+from gateway.settings import GatewaySettings, SettingsError
+from gateway.sse import StreamObserver
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 
-class FixedOrder(BuiltinRouter):
-    """Test router: always tries the endpoints in the configured order."""
+class FixedOrder(LeastLoadScheduler):
+    """Test policy: always tries the endpoints in the configured order."""
 
     name = "fixed"
 
-    async def schedule(self, req, candidates):
-        return Decision(order=list(candidates))
+    def order(self, request, candidates):
+        return list(candidates)
 
 
 def start_gateway(urls, router=None, **kw):
@@ -189,7 +189,7 @@ def test_client_disconnect_cancels_upstream(engines):
         # long before its 40 s of tokens
         assert wait_until(lambda: eng.state.cancelled == 1, 5)
         assert eng.state.completed == 0
-        assert wait_until(lambda: gw.endpoints[0].inflight_requests == 0)
+        assert wait_until(lambda: gw.inflight.snapshot(gw.endpoints[0].name).requests == 0)
         assert 'latency_gateway_client_disconnects_total{stage="response"} 1.0' in httpx.get(srv.url + "/metrics").text
     finally:
         srv.stop()
@@ -270,7 +270,7 @@ def test_prefix_index_records_dispatches_per_endpoint(engines):
         r = gw.records[-1]
         assert r.prefix_match_blocks == 10
         # the other endpoint never saw it
-        _, hashes = gw.request_info("/v1/completions", {}, {"prompt": shared}, False)
+        _, hashes = gw.request_info({}, {"prompt": shared}, False)
         assert gw.prefix.match(gw.endpoints[1].name, hashes).match_blocks == 0
     finally:
         srv.stop()
@@ -279,7 +279,7 @@ def test_prefix_index_records_dispatches_per_endpoint(engines):
 # ---- pure pieces -------------------------------------------------------------------------
 
 def test_prefix_index_lru_and_chaining():
-    idx = PrefixIndex(block_size_tokens=1, lru_capacity_per_endpoint=4)
+    idx = ApproxPrefixProducer(block_size_tokens=1, lru_capacity_per_endpoint=4)
     a = block_hashes(b"aaaabbbbccccdddd", 1, 100)
     b = block_hashes(b"aaaaXXXXccccdddd", 1, 100)
     assert len(a) == 4 and a[0] == b[0] and a[2] != b[2]  # chained: a change poisons what follows

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.routing import build_scheduler
+from gateway.settings import GatewaySettings
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 ADMITTER_CONFIG = PREDICTED_LATENCY_SLO_CONFIG  # includes latency-slo-admitter
@@ -63,7 +63,7 @@ def start(tmp: Path, urls, config: str, prediction_urls, training_url, **kw):
     kw.setdefault("scrape_interval_s", 0.05)
     s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg),
                         prediction_urls=prediction_urls, training_url=training_url, **kw)
-    router = EppRouter.from_settings(s)
+    router = build_scheduler(s)
     gw = Gateway(s, router)
     return gw, ServerThread(build_app(gw), s.port).start()
 
@@ -133,7 +133,7 @@ def test_ttft_tpot_samples_reach_training_server_with_right_values(servers, engi
             assert 45 <= row["actual_tpot_ms"] < 150
             assert row["predicted_tpot_ms"] == pytest.approx(rec.predicted_tpot_ms, rel=1e-6)
         # the in-flight accounting was released
-        assert gw.router.scheduler.inflight.tracked_requests() == 0
+        assert gw.router.inflight.tracked_requests() == 0
     finally:
         srv.stop()
 
@@ -206,8 +206,8 @@ def test_retry_with_scheduler_moves_the_accounting(servers, engines):
             r = httpx.post(srv.url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2})
             assert r.status_code == 200 and r.headers["x-engine"] == "b"
         assert len(bad.state.received) >= 1  # it was picked and failed before the first byte
-        assert gw.router.scheduler.inflight.tracked_requests() == 0
-        assert all(ld.requests == 0 for ld in gw.router.scheduler.inflight._loads.values())
+        assert gw.router.inflight.tracked_requests() == 0
+        assert all(ld.requests == 0 for ld in gw.router.inflight._loads.values())
     finally:
         srv.stop()
 
@@ -240,7 +240,7 @@ def test_lora_request_history_through_the_gateway_lifecycle(servers, engines):
     gw, srv = start(servers["tmp"], [bad.url, good.url], LORA_HISTORY_CONFIG, [servers["prediction"]],
                     servers["training"], scrape_interval_s=30)
     try:
-        scorer = gw.router.scheduler.lifecycle_plugins[0]
+        scorer = gw.router.lifecycle_plugins[0]
         bad_name, good_name = (e.name for e in gw.endpoints)
         out = {}
         body = {"model": "sql-lora", "prompt": "p", "max_tokens": 2}

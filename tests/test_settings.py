@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epp_client.gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings
 from epp_client.settings import PredictorSettings, ReporterSettings
 from features.settings import (
     EnvSettings,

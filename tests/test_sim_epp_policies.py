@@ -8,7 +8,7 @@ import pytest
 from features.schema import parse_training_entry
 from load import simulate_cli
 from load.sim import bench
-from load.sim.epp_routers import InFlightTokenScorer
+from epp_client.plugins import InFlightTokenScorer
 from load.sim.scenarios import get_scenario
 from epp_client import Endpoint, InFlightLoad, InferenceRequest
 

@@ -131,7 +131,7 @@ def test_policies_run_on_a_lora_scenario_and_history_tracks_dispatches():
         out[pol] = m
         assert m["adapter_loads"] >= 1 and m["shed"] == 0
         if pol == "llmd-lora-history":
-            scorer = router.sched.lifecycle_plugins[0]
+            scorer = router.lifecycle.lifecycle_plugins[0]
             assert scorer.history.reconciles >= 1
             # every request completed: nothing is left counted
             assert all(not scorer.history.adapters(e.name) for e in router.endpoints)

@@ -21,11 +21,13 @@ from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
 from .deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
 from .disagg import DisaggProfileHandler
 from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
+from .inflight_scorer import InFlightTokenScorer
 from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from .predicted_decider import PredictedPDDecider
+from .prefix import ApproxPrefixProducer
 from .producer import PredictedLatencyProducer
-from .protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, ProfileHandler, Producer,
-                        RequestLifecycle, Scorer)
+from .protocols import (Admitter, Filter, InFlightLoadProducer, LifecycleObserver, PDDecider, Picker, PrefixProducer,
+                        ProfileHandler, Producer, Scorer)
 from .registry import discover, plugin
 from .roles import DecodeFilter, EncodeFilter, PrefillFilter
 from .scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer, QueueScorer,
@@ -36,6 +38,7 @@ __all__ = [
     "KVCacheUtilizationScorer", "PrefixCacheScorer", "LoraAffinityScorer", "LatencySloAdmitter",
     "ProbabilisticAdmitter", "WeightedRandomPicker", "MaxScorePicker", "RandomPicker", "composite_scores",
     "DecodeFilter", "PrefillFilter", "EncodeFilter", "PrefixBasedPDDecider", "AlwaysDisaggPDDecider",
-    "PredictedPDDecider", "DisaggProfileHandler", "plugin", "discover", "Producer", "InFlightLoadProducer",
-    "Admitter", "Filter", "Scorer", "Picker", "PDDecider", "ProfileHandler", "RequestLifecycle",
+    "PredictedPDDecider", "DisaggProfileHandler", "InFlightTokenScorer", "ApproxPrefixProducer", "plugin",
+    "discover", "Producer", "InFlightLoadProducer", "PrefixProducer", "Admitter", "Filter", "Scorer", "Picker",
+    "PDDecider", "ProfileHandler", "LifecycleObserver",
 ]

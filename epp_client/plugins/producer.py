@@ -25,8 +25,6 @@ wire contract knows (``prefill``, ``decode``); other role values are omitted.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import time
 from collections import OrderedDict
@@ -36,90 +34,12 @@ from typing import Any, Callable
 
 from ..params import Plugin, gt, param
 from ..predictor import BulkPrediction
-from ..types import Endpoint, InferenceRequest, LatencyPrediction
+from ..types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction
+from .producer_state import RequestContext, RunningQueue
 from .protocols import Producer
 from .registry import plugin
 
-PREFILL_PROFILE = "prefill"
 _KNOWN_POD_TYPES = ("prefill", "decode")
-
-
-class RunningQueue:
-    """Per-endpoint queue of running requests ordered by TPOT SLO (B1.8), lazy deletion."""
-
-    def __init__(self) -> None:
-        self._heaps: dict[str, list] = {}
-        self._live: dict[str, dict[str, float]] = {}
-        self._where: dict[str, str] = {}
-        self._seq = itertools.count()
-
-    def add(self, endpoint: str, request_id: str, tpot_slo: float) -> bool:
-        if not request_id or request_id in self._where or tpot_slo < 0 or tpot_slo != tpot_slo:
-            return False
-        heapq.heappush(self._heaps.setdefault(endpoint, []), (tpot_slo, next(self._seq), request_id))
-        self._live.setdefault(endpoint, {})[request_id] = tpot_slo
-        self._where[request_id] = endpoint
-        return True
-
-    def remove(self, request_id: str) -> bool:
-        endpoint = self._where.pop(request_id, None)
-        if endpoint is None:
-            return False
-        live = self._live[endpoint]
-        del live[request_id]
-        if not live:  # an endpoint whose queue becomes empty is dropped
-            del self._live[endpoint]
-            del self._heaps[endpoint]
-        elif len(self._heaps[endpoint]) > 2 * len(live) + 16:  # bound the lazily deleted entries
-            heap = [item for item in self._heaps[endpoint] if item[2] in live]
-            heapq.heapify(heap)
-            self._heaps[endpoint] = heap
-        return True
-
-    def heap_size(self, endpoint: str) -> int:
-        return len(self._heaps.get(endpoint, ()))
-
-    def size(self, endpoint: str) -> int:
-        live = self._live.get(endpoint)
-        return len(live) if live else 0
-
-    def min_tpot(self, endpoint: str) -> float:
-        live = self._live.get(endpoint)
-        if not live:
-            return 0.0
-        heap = self._heaps[endpoint]
-        while heap[0][2] not in live:
-            heapq.heappop(heap)
-        return heap[0][0]
-
-    def endpoints(self) -> list[str]:
-        return list(self._live)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-
-class _Context:
-    __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
-                 "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
-                 "touched")
-
-    def __init__(self, request_id: str, input_tokens: int) -> None:
-        self.request_id = request_id
-        self.input_tokens = input_tokens
-        self.ttft_slo = 0.0
-        self.tpot_slo = 0.0
-        self.rows: dict[str, dict] = {}  # endpoint name -> scheduling-time feature row
-        self.predictions: dict[str, tuple[float, float]] = {}
-        self.model_version = ""
-        self.target: str | None = None
-        self.prefill_target: str | None = None
-        self.dispatch: float | None = None
-        self.ttft_ms = 0.0
-        self.chunks = 0
-        self.tokens = 0
-        self.tokens_known = True
-        self.touched = 0.0
 
 
 @plugin("predicted-latency-producer", Producer)
@@ -151,7 +71,7 @@ class PredictedLatencyProducer(Plugin):
 
     def setup(self) -> None:
         self.running = RunningQueue()
-        self._contexts: OrderedDict[str, _Context] = OrderedDict()
+        self._contexts: OrderedDict[str, RequestContext] = OrderedDict()
         self.counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
                          "skipped_samples": 0, "expired_contexts": 0,
                          "ttft_slo_violations": 0, "tpot_slo_violations": 0}
@@ -167,7 +87,7 @@ class PredictedLatencyProducer(Plugin):
             self.running.remove(rid)  # expiry also removes the running-queue entry
             self.counters["expired_contexts"] += 1
 
-    def _get(self, request_id: str, now: float) -> _Context | None:
+    def _get(self, request_id: str, now: float) -> RequestContext | None:
         self._expire(now)
         ctx = self._contexts.get(request_id)
         if ctx is not None:
@@ -175,7 +95,7 @@ class PredictedLatencyProducer(Plugin):
             self._contexts.move_to_end(request_id)
         return ctx
 
-    def _store(self, ctx: _Context, now: float) -> None:
+    def _store(self, ctx: RequestContext, now: float) -> None:
         ctx.touched = now
         self._contexts[ctx.request_id] = ctx
         self._contexts.move_to_end(ctx.request_id)
@@ -195,10 +115,10 @@ class PredictedLatencyProducer(Plugin):
             return ""
         return e.labels.get(self.endpoint_role_label, "") or ""
 
-    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint], now: float) -> tuple[_Context, list[dict]]:
+    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint], now: float) -> tuple[RequestContext, list[dict]]:
         ctx = self._get(request.request_id, now)
         if ctx is None:
-            ctx = _Context(request.request_id, max(0, int(request.input_tokens)))
+            ctx = RequestContext(request.request_id, max(0, int(request.input_tokens)))
         ctx.ttft_slo = request.ttft_slo_ms
         ctx.tpot_slo = request.tpot_slo_ms
         encoder_input = 0
@@ -239,7 +159,7 @@ class PredictedLatencyProducer(Plugin):
         ctx.rows = rows_by_name
         return ctx, rows
 
-    def _apply(self, ctx: _Context, endpoints: list[Endpoint], result: BulkPrediction | None) -> None:
+    def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None) -> None:
         if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
             self.counters["prediction_failures"] += 1
             return  # no attribute written; consumers fall back (B1.9)
@@ -331,7 +251,7 @@ class PredictedLatencyProducer(Plugin):
             return
         ctx.chunks += 1
 
-    def _count(self, ctx: _Context, tokens: int | None) -> None:
+    def _count(self, ctx: RequestContext, tokens: int | None) -> None:
         if tokens is None:
             ctx.tokens_known = False
         elif ctx.ttft_ms:
@@ -380,7 +300,7 @@ class PredictedLatencyProducer(Plugin):
     def _timestamp(self) -> str:
         return datetime.fromtimestamp(self.wall_clock(), timezone.utc).isoformat().replace("+00:00", "Z")
 
-    def _entry(self, ctx: _Context, endpoint: str, row: dict, ttft: float, tpot: float) -> dict:
+    def _entry(self, ctx: RequestContext, endpoint: str, row: dict, ttft: float, tpot: float) -> dict:
         entry = {k: v for k, v in row.items() if k != "_no_metrics"}
         entry["actual_ttft_ms"] = ttft
         entry["actual_tpot_ms"] = tpot
@@ -392,7 +312,7 @@ class PredictedLatencyProducer(Plugin):
             entry["model_version"] = ctx.model_version
         return entry
 
-    def _emit_ttft(self, ctx: _Context, now: float) -> None:
+    def _emit_ttft(self, ctx: RequestContext, now: float) -> None:
         name = ctx.prefill_target or ctx.target
         row = ctx.rows.get(name)
         if row is None or "_no_metrics" in row or self.sink is None or ctx.ttft_ms <= 0:
@@ -403,7 +323,7 @@ class PredictedLatencyProducer(Plugin):
         if 0 < ctx.ttft_slo < ctx.ttft_ms:
             self.counters["ttft_slo_violations"] += 1
 
-    def _emit_tpot(self, ctx: _Context, avg_tpot: float, now: float) -> None:
+    def _emit_tpot(self, ctx: RequestContext, avg_tpot: float, now: float) -> None:
         row = ctx.rows.get(ctx.target)
         if row is None or "_no_metrics" in row or self.sink is None:
             self.counters["skipped_samples"] += 1

@@ -16,11 +16,15 @@ methods, and the config builder places each plugin by its declared role.
 - :class:`PDDecider`: asked by the profile handler whether to disaggregate a request.
 - :class:`ProfileHandler`: which scheduling profiles run, and the headers they imply.
 
-Profile plugins may also implement :class:`RequestLifecycle` (the scheduler calls it).
+- :class:`PrefixProducer`: which prompt blocks each endpoint probably has cached
+  (``Endpoint.prefix_match``), from the dispatches it recorded.
+
+Profile plugins may also implement :class:`LifecycleObserver` (the scheduler calls it);
+the router-level request lifecycle is :class:`epp_client.lifecycle.RequestLifecycle`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..types import Admission, Endpoint, InFlightLoad, InferenceRequest
 
@@ -53,6 +57,13 @@ class InFlightLoadProducer(Protocol):
     def on_first_chunk(self, request_id: str) -> None: ...
 
     def on_complete(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class PrefixProducer(Protocol):
+    def produce(self, hashes: Sequence, endpoints: Iterable[Endpoint], total_blocks: int | None = None) -> None: ...
+
+    def record(self, endpoint: str, hashes: Sequence) -> Any: ...
 
 
 @runtime_checkable
@@ -91,7 +102,7 @@ class ProfileHandler(Protocol):
 
 
 @runtime_checkable
-class RequestLifecycle(Protocol):
+class LifecycleObserver(Protocol):
     """Optional for filters and scorers that keep per-request state."""
 
     def observe(self, endpoints: list[Endpoint], now: float) -> None: ...
@@ -102,4 +113,4 @@ class RequestLifecycle(Protocol):
 
 
 #: Every role, in the order the docs list them.
-ROLES: tuple[type, ...] = (Producer, InFlightLoadProducer, Admitter, Filter, Scorer, Picker, PDDecider, ProfileHandler)
+ROLES: tuple[type, ...] = (Producer, InFlightLoadProducer, PrefixProducer, Admitter, Filter, Scorer, Picker, PDDecider, ProfileHandler)

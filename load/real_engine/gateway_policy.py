@@ -5,9 +5,8 @@
 
 Every policy runs a streaming predicted-latency producer, so every request is predicted
 (for the accuracy report) and trains the predictor; only ``predicted`` routes on the
-predictions. ``llmd-token-load`` needs the in-flight-token scorer of ``load.sim``, which is
-not an EndpointPickerConfig plugin type, so the schedulers are built here, in code or
-from YAML, and served by the same Gateway object as ``latency-predictor gateway``.
+predictions. The schedulers are built here, in code or from YAML, and served by the same
+Gateway object as ``latency-predictor gateway``.
 """
 from __future__ import annotations
 
@@ -15,12 +14,12 @@ import argparse
 import logging
 
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from epp_client.gateway.app import build_app
-from epp_client.gateway.core import Gateway
-from epp_client.gateway.epp_router import EppRouter
-from epp_client.gateway.settings import GatewaySettings
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.settings import GatewaySettings
 from epp_client.inflight import InFlightTracker
-from epp_client.plugins import MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
+from epp_client.plugins import (InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer,
+                                PrefixCacheAffinityFilter)
 from epp_client.predictor import PredictorClient
 from epp_client.scheduler import Scheduler, SchedulingProfile
 from epp_client.training import TrainingReporter
@@ -47,14 +46,12 @@ schedulingProfiles:
 """
 
 
-def build_router(policy: str, prediction_urls: list[str], training_url: str) -> EppRouter:
+def build_router(policy: str, prediction_urls: list[str], training_url: str) -> Scheduler:
     predictor = PredictorClient(prediction_urls)
     reporter = TrainingReporter(training_url)
     if policy == "llmd-default":
         sched = Scheduler.from_config(LLMD_DEFAULT_CONFIG, predictor=predictor, sink=reporter)
     elif policy == "llmd-token-load":
-        from load.sim.epp_routers import InFlightTokenScorer
-
         producer = PredictedLatencyProducer(predictor, reporter, streaming_mode=True)
         profile = SchedulingProfile("default", [PrefixCacheAffinityFilter(affinity_threshold=0.8)],
                                     [(InFlightTokenScorer(), 1.0)], MaxScorePicker())
@@ -63,7 +60,7 @@ def build_router(policy: str, prediction_urls: list[str], training_url: str) -> 
         sched = Scheduler.from_config(PREDICTED_LATENCY_SLO_CONFIG, predictor=predictor, sink=reporter)
     else:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
-    return EppRouter(sched, predictor, reporter)
+    return sched
 
 
 def main(argv: list[str] | None = None) -> int:

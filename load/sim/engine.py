@@ -29,6 +29,9 @@ DEFERRED = -1
 
 
 class Router(Protocol):
+    """The engine's events, as the ASGI calls are the gateway's: routing policies implement
+    epp_client's request lifecycle and are driven by ``driver.LifecycleRouter``."""
+
     name: str
 
     def bind(self, sim: "Simulation") -> None: ...

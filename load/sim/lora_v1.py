@@ -23,7 +23,11 @@ probability 0.999.
 """
 from __future__ import annotations
 
-from .routers import BaseRouter
+from typing import NamedTuple
+
+from epp_client.heuristics import HeuristicScheduler
+
+from .driver import LifecycleRouter, doc_note
 
 KV_CACHE_THRESHOLD = 0.8
 QUEUE_THRESHOLD_CRITICAL = 5
@@ -78,17 +82,36 @@ def v1_candidates(idx: list[int], metrics, adapter: str, critical: bool, u: floa
     return least_kv(_or_input(lora_affinity(q, metrics, adapter, u), q), metrics)
 
 
-class LoraV1Router(BaseRouter):
+class _V1Metrics(NamedTuple):
+    """An endpoint's scraped metrics under the names the v1 tree reads."""
+
+    waiting: int
+    kv_cache_usage: float
+    active_lora: frozenset
+    waiting_lora: frozenset
+    max_lora: int
+
+
+class LoraV1Scheduler(HeuristicScheduler):
     """Gateway API Inference Extension v1 filter tree (commit 16ded668): low queue → LoRA
     affinity (p 0.999) → least queue → least KV for critical requests; sheddable ones only
     where queue <= 5 and KV <= 0.8, else dropped; random pick; scraped metrics."""
 
     name = "lora-v1"
 
-    def route(self, req, now):
-        metrics = self.sim.scraped
+    def order(self, request, candidates):
+        metrics = [_V1Metrics(m.waiting_queue_size, m.kv_cache_usage, m.active_lora_adapters,
+                              m.waiting_lora_adapters, m.max_active_lora) for m in (c.metrics for c in candidates)]
         idx = list(range(len(metrics)))
-        cands = v1_candidates(idx, metrics, req.lora, req.priority >= 0, self.rng.random())
+        cands = v1_candidates(idx, metrics, request.target_model, not request.sheddable, self.rng.random())
         if not cands:
-            return None
-        return cands[self.rng.randrange(len(cands))]
+            return []
+        return [candidates[cands[self.rng.randrange(len(cands))]]]
+
+
+class LoraV1Router(LifecycleRouter):
+    """The v1 tree in the loop (:class:`LoraV1Scheduler`)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__("lora-v1", lambda rng, clock, wall: LoraV1Scheduler(rng), seed,
+                         description=doc_note(LoraV1Scheduler))

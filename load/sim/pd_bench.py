@@ -25,7 +25,8 @@ from epp_client.scheduler import Scheduler
 
 from . import workloads as W
 from .engine import ClusterConfig
-from .epp_routers import EppRouter, _Sink
+from .driver import LifecycleRouter
+from .epp_routers import _Sink
 from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
 from .report import summarize
 
@@ -47,8 +48,8 @@ class PDSetup:
     link: str = "rdma-200g"
 
 
-class PDRouter(EppRouter):
-    """An EppRouter whose endpoints carry the servers' roles and whose answer names the
+class PDRouter(LifecycleRouter):
+    """A scheduler's driver whose endpoints carry the servers' roles and whose answer names the
     prefill server too when the prefill profile ran."""
 
     def bind(self, sim) -> None:
@@ -71,7 +72,7 @@ class PDRouter(EppRouter):
         super().on_dispatch(req, idx, now)
         pre = req.ctx[1].picks.get("prefill")
         if pre is not None:   # the approximate prefix producer records every profile's pick
-            self.index.record(pre.name, req.ctx[2])
+            self.prefix.record(pre.name, req.ctx[2])
 
     def stats(self) -> dict:
         out = super().stats()
@@ -123,9 +124,10 @@ def make_router(policy: str, opts, link: KVLink) -> PDRouter:
         raise ValueError(f"unknown P/D policy {policy!r}; known: {', '.join(PD_POLICIES)}")
 
     def factory(rng: random.Random, clock, wall):
-        return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng, clock=clock, wall_clock=wall)
+        return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=random.Random(rng.random()),
+                                     clock=clock, wall_clock=wall)
 
-    return PDRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=desc)
+    return PDRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=desc, prefix=True)
 
 
 def setup_for(scenario, opts) -> PDSetup:

@@ -1,91 +1,53 @@
-"""Routing policies in the loop: native baselines and the oracle.
+"""Heuristic routing policies in the loop, on the request lifecycle, and the oracle.
 
-The llm-d policies (``llmd-default``, ``llmd-token-load``, ``predicted-upstream``,
-``predicted``) live in ``epp_routers`` and run epp_client's plugins.
+Each router is the simulator's :class:`~load.sim.driver.LifecycleRouter` driving a
+policy of :mod:`epp_client.heuristics` (``random``, ``round-robin``, ``least-queue``:
+fewest requests in flight as counted by the policy's own in-flight tracker) or the
+oracle below. The llm-d policies (``llmd-default``, ``llmd-token-load``,
+``predicted-upstream``, ``predicted``) live in ``epp_routers`` and run epp_client's plugins.
 """
 from __future__ import annotations
 
 import random
 
+from epp_client.heuristics import (HeuristicScheduler, LeastRequestsScheduler, RandomScheduler,
+                                   RoundRobinScheduler)
+
+from .driver import BaseRouter, LifecycleRouter, doc_note  # noqa: F401 (BaseRouter: the engine's router base)
 from .request import SimRequest
 
 
-class BaseRouter:
-    """Router protocol with no-op hooks; ``self.sim`` is set by ``bind``."""
-
-    name = "base"
-    tick_interval_s = 0.0
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
-        self.sim = None
-        self.inflight: list[int] = []
-
-    def bind(self, sim) -> None:
-        self.sim = sim
-        self.inflight = [0] * len(sim.servers)
-
-    def route(self, req: SimRequest, now: float) -> int | None:
-        raise NotImplementedError
-
-    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
-        self.inflight[idx] += 1
-
-    def on_first_token(self, req: SimRequest, now: float) -> None:
-        pass
-
-    def on_finish(self, req: SimRequest, now: float) -> None:
-        if req.server >= 0:
-            self.inflight[req.server] -= 1
-
-    def on_tick(self, now: float) -> None:
-        pass
-
-    def on_wake(self, now: float) -> None:
-        pass
-
-    def stats(self) -> dict:
-        return {}
-
-
-class RandomRouter(BaseRouter):
+class RandomRouter(LifecycleRouter):
     """Uniformly random endpoint (seeded)."""
 
-    name = "random"
-
-    def route(self, req, now):
-        return self.rng.randrange(len(self.sim.servers))
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__("random", lambda rng, clock, wall: RandomScheduler(rng), seed)
 
 
-class RoundRobinRouter(BaseRouter):
+class RoundRobinRouter(LifecycleRouter):
     """Endpoints in turn."""
 
-    name = "round-robin"
-
     def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self.next = 0
-
-    def route(self, req, now):
-        i = self.next
-        self.next = (i + 1) % len(self.sim.servers)
-        return i
+        super().__init__("round-robin", lambda rng, clock, wall: RoundRobinScheduler(rng), seed)
 
 
-class LeastQueueRouter(BaseRouter):
+class LeastQueueRouter(LifecycleRouter):
     """Fewest requests in flight as counted by the router itself (like a least-request
     load balancer: exact, never stale); ties broken at random."""
 
-    name = "least-queue"
-
-    def route(self, req, now):
-        load = self.inflight
-        m = min(load)
-        best = [i for i, x in enumerate(load) if x == m]
-        return best[0] if len(best) == 1 else self.rng.choice(best)
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__("least-queue", lambda rng, clock, wall: LeastRequestsScheduler(rng), seed)
 
 
-class OracleRouter(BaseRouter):
+class OracleRouter(LifecycleRouter):
+    """The per-request oracle (:class:`OracleScheduler`)."""
+
+    def __init__(self, seed: int = 0, decode_probe: int = 4, max_steps: int = 150) -> None:
+        super().__init__("oracle", lambda rng, clock, wall: OracleScheduler(rng, decode_probe, max_steps), seed,
+                         description=doc_note(OracleScheduler))
+
+
+class OracleScheduler(HeuristicScheduler):
     """Per-request oracle (the design's "upper bound"; myopic, so not a bound under overload):
     for each candidate, clone the true server state, add the request and
     simulate forward (no later arrivals) until its first token plus ``decode_probe``
@@ -98,13 +60,23 @@ class OracleRouter(BaseRouter):
 
     name = "oracle"
 
-    def __init__(self, seed: int = 0, decode_probe: int = 4, max_steps: int = 150) -> None:
-        super().__init__(seed)
+    def __init__(self, rng: random.Random, decode_probe: int = 4, max_steps: int = 150) -> None:
+        super().__init__(rng)
+        self.sim = None
+        self.driver = None
         self.decode_probe = decode_probe
         self.max_steps = max_steps
         self.forward_steps = 0
         self.pruned = 0
         self.extrapolated = 0
+
+    def bind(self, sim, driver: LifecycleRouter) -> None:
+        """The oracle sees the simulation (true server state) and the simulated request."""
+        self.sim, self.driver = sim, driver
+
+    def order(self, request, candidates):
+        idx = self.route(self.driver.current, self.driver.sim.now)
+        return [] if idx is None else [candidates[idx]]
 
     def _probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
         srv = self.sim.servers[idx].clone()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-log = logging.getLogger("epp_client.gateway.scrape")
+log = logging.getLogger("gateway.scrape")
 
 # name -> (attribute, scale); the first name found for an attribute wins (order matters)
 KV_NAMES = (
@@ -92,8 +92,6 @@ class EndpointState:
     scraped_at: float = 0.0          # monotonic time of the last good scrape
     scrape_failures: int = 0         # consecutive
     dispatch_failures: int = 0       # consecutive failures before first byte
-    inflight_requests: int = 0       # requests this gateway has in flight there
-    inflight_tokens: int = 0         # their uncached prompt tokens until the first chunk
     labels: dict = field(default_factory=dict)  # e.g. {"llm-d.ai/role": "prefill"} for P/D profiles
 
     @property

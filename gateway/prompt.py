@@ -143,14 +143,3 @@ def block_hashes(text: bytes, block_tokens: int, max_blocks: int) -> list[int]:
         prev = hash((prev, view[i:i + size]))
         out.append(prev)
     return out
-
-
-def slo_header(headers: dict[str, str], *names: str) -> float:
-    """SLO in ms from the first header present (new name, then alias); 0 when unparsable."""
-    for n in names:
-        if n in headers:
-            try:
-                return float(headers[n])
-            except ValueError:
-                return 0.0
-    return 0.0

@@ -2,11 +2,12 @@
 
 One request: read the body (bounded), validate the fields the gateway needs (4xx naming
 the field otherwise), estimate the prompt's tokens and prefix blocks, match them against
-every endpoint's prefix LRU, ask the router, then try the chosen endpoints in order until
+every endpoint's prefix LRU, ask the routing policy, then try the chosen endpoints in order until
 one sends its first body byte (connection errors, first-byte timeouts and 5xx before any
 byte move on to the next; nothing is retried once a byte reached the client). The body
 is forwarded chunk by chunk as it arrives; a client disconnect cancels the upstream
-request; the router is told of the dispatch, the first token and the outcome.
+request; the policy's request lifecycle is driven through the dispatch of each attempt,
+the first token and the outcome (``routing.Driver``).
 """
 from __future__ import annotations
 
@@ -20,16 +21,20 @@ from dataclasses import asdict, dataclass
 import httpx
 import orjson
 
+from epp_client.heuristics import LeastLoadScheduler
+from epp_client.lifecycle import RequestLifecycle
+from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.types import Endpoint, InferenceRequest
+
 from .metrics import GatewayMetrics
 from .downstream import ClientWatch, Disconnected, TooLarge, read_body
-from .prefix import PrefixIndex
-from .prompt import BodyError, block_hashes, extract_prompt, slo_header
-from .router import BuiltinRouter, Candidate, Decision, Outcome, RequestInfo, Router
+from .prompt import BodyError, block_hashes, extract_prompt
+from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
 from .settings import GatewaySettings
 from .sse import BodyObserver, StreamObserver
 
-log = logging.getLogger("epp_client.gateway")
+log = logging.getLogger("gateway")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -74,14 +79,21 @@ class RequestRecord:
 
 
 class Gateway:
-    def __init__(self, settings: GatewaySettings, router: Router | None = None) -> None:
+    def __init__(self, settings: GatewaySettings, router: RequestLifecycle | None = None) -> None:
         self.settings = settings
         self.endpoints = [EndpointState(name=f"ep{i}-{u.split('://', 1)[-1]}", url=u)
                           for i, u in enumerate(settings.endpoints)]
-        self.prefix = PrefixIndex(settings.block_size_tokens, settings.lru_capacity_per_endpoint)
-        self.router: Router = router or BuiltinRouter()
-        self.fallback_router = BuiltinRouter()
+        self.by_name = {e.name: e for e in self.endpoints}
+        self.router: RequestLifecycle = router if router is not None else LeastLoadScheduler()
+        # the config's approx-prefix-cache-producer, else one with the gateway's settings
+        self.prefix: ApproxPrefixProducer = getattr(self.router, "prefix_producer", None) or ApproxPrefixProducer(
+            settings.block_size_tokens, settings.max_prefix_blocks, settings.lru_capacity_per_endpoint)
+        self.inflight = self.router.inflight
+        bind = getattr(self.router, "bind_endpoints", None)
+        if bind is not None:   # flow control reads the scraped state of the candidates
+            bind(self.endpoints)
         self.metrics = GatewayMetrics(self)
+        self.driver = Driver(self.router, self.metrics)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=settings.record_capacity)
         self.record_seq = 0
         self.client: httpx.AsyncClient | None = None
@@ -106,13 +118,13 @@ class Gateway:
         if self.scraper:
             await self.scraper.stop()
         try:
-            await self.router.aclose()
+            await self.driver.aclose()
         finally:
             if self.client:
                 await self.client.aclose()
 
     # ---- helpers ---------------------------------------------------------------------
-    def request_info(self, path: str, headers: dict[str, str], body: dict, chat: bool):
+    def request_info(self, headers: dict[str, str], body: dict, chat: bool) -> tuple[InferenceRequest, list[int]]:
         p = extract_prompt(body, chat)
         rid = headers.get("x-request-id") or str(uuid.uuid4())
         headers["x-request-id"] = rid
@@ -125,39 +137,17 @@ class Gateway:
                 prio = int(headers["x-llm-d-priority"])
             except ValueError:
                 raise BodyError("header.x-llm-d-priority", "must be an integer") from None
-        info = RequestInfo(request_id=rid, headers=headers, priority=prio,
-                           input_tokens=p.input_tokens, model=p.model, streaming=p.streaming,
-                           max_tokens=p.max_tokens, path=path)
-        hashes = block_hashes(p.text, self.settings.block_size_tokens, self.settings.max_prefix_blocks)
+        info = InferenceRequest(request_id=rid, headers=headers, priority=prio, input_tokens=p.input_tokens,
+                                target_model=p.model, streaming=p.streaming, max_tokens=p.max_tokens)
+        hashes = block_hashes(p.text, self.prefix.block_size_tokens, self.prefix.max_prefix_blocks)
         return info, hashes
 
-    def candidates(self, hashes: list[int]) -> list[Candidate]:
+    def candidates(self, hashes: list[int]) -> list[Endpoint]:
+        """The healthy endpoints (all when none is), with their prefix match."""
         now = time.monotonic()
-        eps = [e for e in self.endpoints if e.healthy(now)] or list(self.endpoints)
-        return [Candidate(e, self.prefix.match(e.name, hashes)) for e in eps]
-
-    async def decide(self, info: RequestInfo, cands: list[Candidate]) -> Decision:
-        try:
-            d = await self.router.schedule(info, cands)
-        except Exception as e:  # noqa: BLE001 - routing must never block or fail a request
-            log.warning("router %s failed, falling back: %s", getattr(self.router, "name", "?"), e)
-            self.metrics.fallbacks.labels(reason="router-error").inc()
-            return await self.fallback_router.schedule(info, cands)
-        if d.fallback:
-            self.metrics.fallbacks.labels(reason="no-predictions").inc()
-        if d.admitted:
-            # the router's picks first, then the others as retry candidates
-            names = {c.state.name for c in d.order}
-            d.order = d.order + self.fallback_router.rank([c for c in cands if c.state.name not in names])
-        return d
-
-    def _hook(self, name: str, *args) -> None:
-        """Router lifecycle hooks never break a request: errors are logged and counted."""
-        try:
-            getattr(self.router, name)(*args)
-        except Exception:  # noqa: BLE001
-            log.warning("router hook %s failed", name, exc_info=True)
-            self.metrics.fallbacks.labels(reason="hook-error").inc()
+        eps = [to_endpoint(e) for e in self.endpoints if e.healthy(now)] or [to_endpoint(e) for e in self.endpoints]
+        self.prefix.produce(hashes, eps)
+        return eps
 
     # ---- the request path ------------------------------------------------------------
     async def handle(self, scope, receive, send) -> None:
@@ -176,7 +166,7 @@ class Gateway:
         except orjson.JSONDecodeError as e:
             return await self._error(send, 400, "body", f"not valid JSON: {e}", path)
         try:
-            info, hashes = self.request_info(path, headers, body, chat)
+            info, hashes = self.request_info(headers, body, chat)
         except BodyError as e:
             return await self._json(send, 400, e.to_json(), path)
         assert self._sem is not None
@@ -188,7 +178,7 @@ class Gateway:
         async with self._sem:
             client = ClientWatch(receive, send)
             try:
-                await asyncio.wait_for(self._route_and_proxy(client.send, info, hashes, raw),
+                await asyncio.wait_for(self._route_and_proxy(client.send, path, info, hashes, raw),
                                        self.settings.request_timeout_s)
             except asyncio.CancelledError:
                 if not client.gone:
@@ -206,10 +196,8 @@ class Gateway:
             finally:
                 client.close()
 
-    async def _route_and_proxy(self, send, info: RequestInfo, hashes: list[int], raw: bytes) -> None:
-        path = info.path
-        cands = self.candidates(hashes)
-        decision = await self.decide(info, cands)
+    async def _route_and_proxy(self, send, path: str, info: InferenceRequest, hashes: list[int], raw: bytes) -> None:
+        decision = await self.driver.decide(info, self.candidates(hashes))
         if not decision.admitted:
             self.metrics.admission_denied.labels(reason=decision.reason or "denied").inc()
             return await self._json(send, decision.status or 429, {"error": {
@@ -220,28 +208,27 @@ class Gateway:
         last_err = "no endpoint"
         for attempt, cand in enumerate(order, 1):
             try:
-                return await self._attempt(send, info, hashes, raw, decision, cand, attempt)
+                return await self._attempt(send, path, info, hashes, raw, decision, cand, attempt)
             except UpstreamFailed as e:
-                last_err = f"{cand.state.url}: {e}"
-                self.metrics.upstream_errors.labels(endpoint=cand.state.name, stage=e.stage).inc()
+                url = self.by_name[cand.name].url
+                last_err = f"{url}: {e}"
+                self.metrics.upstream_errors.labels(endpoint=cand.name, stage=e.stage).inc()
                 if attempt < len(order):
-                    self.metrics.retries.labels(endpoint=cand.state.name).inc()
-                log.info("attempt %d on %s failed before first byte: %s", attempt, cand.state.url, e)
+                    self.metrics.retries.labels(endpoint=cand.name).inc()
+                log.info("attempt %d on %s failed before first byte: %s", attempt, url, e)
         await self._error(send, 502, "upstream", f"all endpoints failed before the first byte ({last_err})", path)
 
-    async def _attempt(self, send, info, hashes, raw, decision: Decision, cand: Candidate, attempt: int):
-        ep = cand.state
+    async def _attempt(self, send, path: str, info: InferenceRequest, hashes, raw, decision: Routing,
+                       cand: Endpoint, attempt: int):
+        ep = self.by_name[cand.name]
         assert self.client is not None
+        match = self.prefix.record(ep.name, hashes)
+        t0 = time.monotonic()
+        # dispatch first: the policy writes the P/D stage headers forwarded below
+        self.driver.dispatch(decision, info, cand, t0)
         fwd = [(k, v) for k, v in info.headers.items() if k not in HOP_BY_HOP]
         fwd.append(("x-gateway-destination-endpoint", ep.host_port))
-        req = self.client.build_request("POST", ep.url + info.path, content=raw, headers=fwd)
-        match = self.prefix.record(ep.name, hashes)
-        uncached = max(0, info.input_tokens - match.match_blocks * match.block_size_tokens)
-        ep.inflight_requests += 1
-        ep.inflight_tokens += uncached
-        tokens_released = False
-        t0 = time.monotonic()
-        self._hook("on_dispatch", decision, cand, info, t0)
+        req = self.client.build_request("POST", ep.url + path, content=raw, headers=fwd)
         resp: httpx.Response | None = None
         started = False
         outcome_ok = False
@@ -286,11 +273,8 @@ class Gateway:
                     if obs is not None:
                         if obs.feed(chunk) and t_first is None:
                             t_first = time.monotonic()
-                            if not tokens_released:
-                                ep.inflight_tokens = max(0, ep.inflight_tokens - uncached)
-                                tokens_released = True
                             if status < 300:
-                                self._hook("on_first_chunk", decision, cand, info, t_first)
+                                self.driver.first_chunk(decision, info, t_first)
                     elif bobs is not None:
                         bobs.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -305,28 +289,20 @@ class Gateway:
             t_end = time.monotonic()
             outcome_ok = 200 <= status < 300 and not (obs is not None and obs.error_event)
             finished = True
-            self._release(ep, uncached, tokens_released)
-            self._finish(info, decision, cand, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match)
+            self._finish(path, info, decision, ep, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if resp is not None:
                 await _aclose_quietly(resp)
             if not finished:  # failed, timed out or cancelled: no sample, a failed outcome
                 t_end = time.monotonic()
-                self._release(ep, uncached, tokens_released)
                 if started:
-                    self._finish(info, decision, cand, status, False, obs, bobs, t0, t_first, t_end, attempt, match)
+                    self._finish(path, info, decision, ep, status, False, obs, bobs, t0, t_first, t_end, attempt, match)
                 else:
-                    self._hook("on_complete", decision, cand, info, Outcome(False, status, None, None, 0, 0), t_end)
+                    self.driver.complete(decision, info, Outcome(False, status, None, None, 0, 0), t_end)
         return None
 
-    @staticmethod
-    def _release(ep: EndpointState, uncached: int, tokens_released: bool) -> None:
-        ep.inflight_requests = max(0, ep.inflight_requests - 1)
-        if not tokens_released:
-            ep.inflight_tokens = max(0, ep.inflight_tokens - uncached)
-
-    def _finish(self, info, decision, cand, status, ok, obs, bobs, t0, t_first, t_end, attempt, match) -> None:
+    def _finish(self, path, info, decision, ep, status, ok, obs, bobs, t0, t_first, t_end, attempt, match) -> None:
         e2e = (t_end - t0) * 1000.0
         if obs is not None:
             tokens, chunks = obs.tokens, obs.content_events
@@ -340,19 +316,18 @@ class Gateway:
             tpot = (e2e - ttft) / (tokens - 1)
         if ok and ttft is None:
             ok = False  # a stream that never produced a token trains nothing
-        self._hook("on_complete", decision, cand, info, Outcome(ok, status, ttft, e2e, tokens, chunks), t_end)
-        self.metrics.observe(info, cand, status, ok, ttft, tpot, e2e)
-        pred = decision.predicted.get(cand.state.name)
+        self.driver.complete(decision, info, Outcome(ok, status, ttft, e2e, tokens, chunks), t_end)
+        self.metrics.observe(path, info, ep.name, status, ok, ttft, tpot, e2e)
+        pred = (decision.predicted or {}).get(ep.name)
         self.record_seq += 1
         self.records.append(RequestRecord(
-            request_id=info.request_id, endpoint=cand.state.name, status=status, ok=ok,
+            request_id=info.request_id, endpoint=ep.name, status=status, ok=ok,
             streaming=info.streaming, input_tokens=info.input_tokens,
             prefix_match_blocks=match.match_blocks, prefix_total_blocks=match.total_blocks,
             ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, tokens=tokens,
             predicted_ttft_ms=pred[0] if pred else None, predicted_tpot_ms=pred[1] if pred else None,
             model_version=decision.model_version, fallback=decision.fallback, attempts=attempt,
-            ttft_slo_ms=slo_header(info.headers, "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"),
-            tpot_slo_ms=slo_header(info.headers, "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"),
+            ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms,
             finished_at=time.time()))
 
     # ---- small responses -------------------------------------------------------------

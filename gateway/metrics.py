@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .prompt import slo_header
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,26 +47,25 @@ class GatewayMetrics:
         hit = Gauge(p + "prefix_indexer_hit_ratio", "Share of prompt blocks found in the chosen endpoint's LRU",
                     registry=r)
         for ep in gw.endpoints:
-            inflight.labels(endpoint=ep.name).set_function(lambda e=ep: e.inflight_requests)
-            inflight_tok.labels(endpoint=ep.name).set_function(lambda e=ep: e.inflight_tokens)
+            inflight.labels(endpoint=ep.name).set_function(lambda e=ep: gw.inflight.snapshot(e.name).requests)
+            inflight_tok.labels(endpoint=ep.name).set_function(lambda e=ep: gw.inflight.snapshot(e.name).tokens)
             kv.labels(endpoint=ep.name).set_function(lambda e=ep: e.metrics.kv_cache_usage or 0.0)
         hit.set_function(lambda: gw.prefix.hit_ratio)
         if callable(getattr(gw.router, "collect", None)):   # e.g. flow control's queues and fairness metrics
             r.register(gw.router)
 
-    def observe(self, info, cand, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
-        name = cand.state.name
-        self.requests.labels(path=info.path, status=str(status)).inc()
+    def observe(self, path, info, name, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
+        self.requests.labels(path=path, status=str(status)).inc()
         if not ok:
             return
         if ttft_ms is not None:
             self.ttft.labels(endpoint=name).observe(ttft_ms / 1000.0)
-            slo = slo_header(info.headers, "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+            slo = info.ttft_slo_ms
             if slo > 0 and ttft_ms > slo:
                 self.slo_violations.labels(type="ttft").inc()
         if tpot_ms is not None:
             self.tpot.labels(endpoint=name).observe(tpot_ms / 1000.0)
-            slo = slo_header(info.headers, "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+            slo = info.tpot_slo_ms
             if slo > 0 and tpot_ms > slo:
                 self.slo_violations.labels(type="tpot").inc()
         if e2e_ms is not None:

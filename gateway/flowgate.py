@@ -1,11 +1,12 @@
 """Flow control in the gateway: epp_client's FlowController in front of the router.
 
-``FlowGate`` wraps the gateway's router. ``schedule`` first enqueues the request in its
+``FlowGate`` wraps the gateway's routing policy and is itself a request lifecycle
+(:mod:`epp_client.lifecycle`). ``aschedule`` first enqueues the request in its
 band (priority) and flow (fairness id header) and waits until the dispatcher releases
 it: while the pool is saturated (llm-d's utilization detector over the scraped endpoint
 metrics) nothing is released; otherwise the band's fairness policy picks the next flow.
-A request rejected for capacity, or still queued after the TTL, becomes a denied
-Decision: the gateway answers 429 with ``x-llm-d-request-dropped-reason``
+A request rejected for capacity, or still queued after the TTL, gets a denied
+scheduling result: the gateway answers 429 with ``x-llm-d-request-dropped-reason``
 (``rejected-saturated`` / ``rejected-ttl-expired``). A client that disconnects while
 queued is taken out of its queue. Completions feed the policy's per-program state
 (prompt tokens as estimated by the gateway, completion tokens as counted).
@@ -25,21 +26,25 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from epp_client.flowcontrol import (REJECTED_TTL, EndpointLoad, FlowControl, ProgramAwareFairness,
                                     build_flow_control, fairness_id)
+from epp_client.lifecycle import SchedulingResult
+from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
-from .router import Candidate, Decision, Outcome, RequestInfo
-from .scrape import cancel_task
+from .routing import aclose_policy
+from .scrape import EndpointState, cancel_task
 
-log = logging.getLogger("epp_client.gateway.flowgate")
+log = logging.getLogger("gateway.flowgate")
 
 
 class FlowGate:
     def __init__(self, inner, flow: FlowControl, scrape_interval_s: float = 0.2, poll_s: float = 0.02) -> None:
         self.inner = inner
         self.flow = flow
-        self.name = f"flow-control+{getattr(inner, 'name', 'router')}"
+        self.name = f"flow-control+{getattr(inner, 'name', type(inner).__name__)}"
         flow.detector.metrics_staleness_s = max(flow.detector.metrics_staleness_s, 2 * scrape_interval_s)
         self.poll_s = poll_s
         self.states: list = []
+        self.by_name: dict[str, EndpointState] = {}
+        self._live: dict[str, tuple[str, int, int]] = {}   # dispatched: request id -> (flow, prompt tokens, band)
         self.dispatch_log: collections.deque = collections.deque(maxlen=1000)   # (request id, fairness id)
         self.saturation = 1.0
         self._wake: asyncio.Event | None = None
@@ -51,14 +56,35 @@ class FlowGate:
         flow = build_flow_control(config_text)
         return inner if flow is None else cls(inner, flow, scrape_interval_s)
 
+    # ---- what the inner policy has: in-flight accounting, producers --------------------------
+    @property
+    def inflight(self):
+        return self.inner.inflight
+
+    @property
+    def producer(self):
+        return getattr(self.inner, "producer", None)
+
+    @property
+    def prefix_producer(self):
+        return getattr(self.inner, "prefix_producer", None)
+
+    def bind_endpoints(self, states: list[EndpointState]) -> None:
+        """The gateway's endpoint states: saturation reads the candidates' scrapes."""
+        self.by_name = {s.name: s for s in states}
+
     # ---- the request path -----------------------------------------------------------------
-    async def schedule(self, req: RequestInfo, candidates: list[Candidate]) -> Decision:
-        self.states = [c.state for c in candidates] or self.states
+    def schedule(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None):
+        raise TypeError("flow control queues requests: use aschedule")
+
+    async def aschedule(self, req: InferenceRequest, endpoints: list[Endpoint],
+                        now: float | None = None) -> SchedulingResult:
+        self.states = [self.by_name[e.name] for e in endpoints if e.name in self.by_name] or self.states
         ctl = self.flow.controller
         fut = asyncio.get_running_loop().create_future()
         item, reason = ctl.enqueue(req.request_id, fairness_id(req.headers), req.priority, payload=fut)
         if item is None:
-            return Decision(order=[], admitted=False, status=429, reason=reason)
+            return _denied(req, reason)
         self._ensure_dispatcher()
         self._wake.set()
         try:
@@ -67,11 +93,11 @@ class FlowGate:
             ctl.remove(item)
             raise
         if reason:
-            return Decision(order=[], admitted=False, status=429, reason=reason)
-        decision = await self.inner.schedule(req, candidates)
-        if not decision.admitted:        # released but never sent: no completion will follow
+            return _denied(req, reason)
+        result = await self.inner.aschedule(req, endpoints, now)
+        if not result.ok:                # released but never sent: no completion will follow
             ctl.on_complete(item.fairness_id, 0, 0, item.priority)
-        return decision
+        return result
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
@@ -105,24 +131,32 @@ class FlowGate:
                 pass
 
     # ---- lifecycle hooks: forwarded; completions feed the fairness policy -------------------
-    def on_dispatch(self, decision, cand, req, now) -> None:
-        self.inner.on_dispatch(decision, cand, req, now)
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult, now: float | None = None, *,
+                    endpoint: Endpoint | None = None) -> None:
+        self._live[request.request_id] = (fairness_id(request.headers), request.input_tokens, request.priority)
+        self.inner.pre_request(request, result, now, endpoint=endpoint)
 
-    def on_first_chunk(self, decision, cand, req, now) -> None:
-        self.inner.on_first_chunk(decision, cand, req, now)
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        self.inner.on_first_chunk(request_id, now, tokens)
 
-    def on_complete(self, decision, cand, req: RequestInfo, outcome: Outcome, now) -> None:
+    def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        self.inner.on_chunk(request_id, now, tokens)
+
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
+                    output_tokens: int | None = None) -> None:
+        live = self._live.pop(request_id, None)
         try:
-            self.flow.controller.on_complete(fairness_id(req.headers), req.input_tokens, max(0, outcome.tokens),
-                                             req.priority)
+            if live is not None:
+                flow, prompt_tokens, priority = live
+                self.flow.controller.on_complete(flow, prompt_tokens, max(0, output_tokens or 0), priority)
         finally:
-            self.inner.on_complete(decision, cand, req, outcome, now)
+            self.inner.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
         if self._wake is not None:
             self._wake.set()
 
     async def aclose(self) -> None:
         await cancel_task(self._task)
-        await self.inner.aclose()
+        await aclose_policy(self.inner)
 
     # ---- introspection and metrics ----------------------------------------------------------
     def snapshot(self) -> dict:
@@ -165,3 +199,7 @@ class FlowGate:
                 svc.add_metric([pid], v)
         if pols:
             yield from (jain, wait, svc)
+
+
+def _denied(req: InferenceRequest, reason: str) -> SchedulingResult:
+    return SchedulingResult(req.request_id, [], {}, ADMITTED, status=429, reason=reason)

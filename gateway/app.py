@@ -38,7 +38,8 @@ def build_app(gw: Gateway):
             return await _plain(send, 200, orjson.dumps([{
                 "name": e.name, "url": e.url, "kv_cache_usage": e.metrics.kv_cache_usage,
                 "waiting": e.metrics.waiting, "running": e.metrics.running,
-                "inflight_requests": e.inflight_requests, "inflight_tokens": e.inflight_tokens,
+                "inflight_requests": gw.inflight.snapshot(e.name).requests,
+                "inflight_tokens": gw.inflight.snapshot(e.name).tokens,
                 "scrape_failures": e.scrape_failures, "dispatch_failures": e.dispatch_failures,
                 "prefix_lru_size": gw.prefix.size(e.name)} for e in gw.endpoints]))
         if method == "GET" and path == "/gateway/flow" and callable(getattr(gw.router, "snapshot", None)):

@@ -33,19 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_router(settings: GatewaySettings):
-    """The epp_client scheduler when a config is given (behind flow control when the config
-    has a ``flowControl`` section), else the built-in router."""
+    """The routing policy: the epp_client scheduler when a config is given (behind flow
+    control when the config has a ``flowControl`` section), else the built-in least-load one."""
     if settings.config is None:
-        from .router import BuiltinRouter
+        from epp_client.heuristics import LeastLoadScheduler
 
-        return BuiltinRouter()
+        return LeastLoadScheduler()
     from pathlib import Path
 
-    from .epp_router import EppRouter
     from .flowgate import FlowGate
+    from .routing import build_scheduler
 
-    return FlowGate.wrap(EppRouter.from_settings(settings), Path(settings.config).read_text(),
-                         settings.scrape_interval_s)
+    return FlowGate.wrap(build_scheduler(settings), Path(settings.config).read_text(), settings.scrape_interval_s)
 
 
 def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:
@@ -60,12 +59,13 @@ def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:
         lines.append("[gateway] predictor: none (the built-in router uses no predictions)")
         return lines
     lines.append(f"[gateway] routing: epp_client scheduler from {settings.config}")
-    if getattr(router.scheduler, "producer", None) is None:
+    producer = getattr(router, "producer", None)
+    if producer is None:
         lines.append("[gateway] predictor: none (the config has no predicted-latency producer)")
     else:
-        servers = ", ".join(a.url for a in router.predictor.servers)
+        servers = ", ".join(a.url for a in producer.predictor.servers)
         lines.append(f"[gateway] predictor: prediction servers {servers}; "
-                     f"training server {router.reporter.addr.url}")
+                     f"training server {producer.sink.addr.url}")
     return lines
 
 

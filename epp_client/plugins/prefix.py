@@ -1,0 +1,97 @@
+"""``approx-prefix-cache-producer``: which prompt blocks each endpoint has probably cached.
+
+Like llm-d's approximate prefix producer: the block hashes of a prompt are recorded for
+the endpoint the request was dispatched to, in an LRU per endpoint; a later prompt's
+match on an endpoint is the number of its leading blocks found in that endpoint's LRU.
+It produces the :class:`~epp_client.types.PrefixMatch` read by ``prefix-cache-scorer``,
+``prefix-cache-affinity-filter`` and the in-flight accounting.
+
+The caller hashes the prompt (the gateway hashes the prompt text, the simulator its
+token segments) in blocks of ``block_size_tokens``, at most ``max_prefix_blocks`` of them::
+
+    producer.produce(hashes, endpoints)        # writes Endpoint.prefix_match on each
+    producer.record(endpoint.name, hashes)     # at dispatch
+
+Parameters (upstream names): ``blockSizeTokens`` (tokens per hashed block, default 64),
+``maxPrefixBlocksToMatch`` (default 2048), ``lruCapacityPerServer`` (blocks remembered
+per endpoint, default 31250). Thread-safe (the gateway's scrape and request tasks).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+from ..params import Plugin, gt, param
+from ..types import Endpoint, PrefixMatch
+from .protocols import PrefixProducer
+from .registry import plugin
+
+
+@plugin("approx-prefix-cache-producer", PrefixProducer)
+class ApproxPrefixProducer(Plugin):
+    block_size_tokens: int = param("blockSizeTokens", default=64, check=gt(0), doc="tokens per hashed block")
+    max_prefix_blocks: int = param("maxPrefixBlocksToMatch", default=2048, check=gt(0),
+                                   doc="leading blocks of a prompt that are hashed and matched")
+    lru_capacity_per_endpoint: int = param("lruCapacityPerServer", default=31250, check=gt(0),
+                                           doc="blocks remembered per endpoint (LRU)")
+
+    def setup(self) -> None:
+        self.capacity = self.lru_capacity_per_endpoint
+        self._lru: dict[str, OrderedDict[object, None]] = {}
+        self._lock = threading.Lock()
+        self.lookups = 0
+        self.hit_blocks = 0
+        self.total_blocks = 0
+
+    def match(self, endpoint: str, hashes: Sequence, total_blocks: int | None = None) -> PrefixMatch:
+        """Leading blocks of ``hashes`` cached on ``endpoint``; ``total_blocks`` defaults to
+        ``len(hashes)`` (the simulator counts a partial last block too)."""
+        with self._lock:
+            lru = self._lru.get(endpoint)
+            n = 0
+            if lru:
+                for h in hashes:
+                    if h not in lru:
+                        break
+                    n += 1
+        return PrefixMatch(n, len(hashes) if total_blocks is None else total_blocks, self.block_size_tokens)
+
+    def produce(self, hashes: Sequence, endpoints: Iterable[Endpoint], total_blocks: int | None = None) -> None:
+        """Write each endpoint's :class:`PrefixMatch` for a prompt with these block hashes."""
+        for e in endpoints:
+            e.prefix_match = self.match(e.name, hashes, total_blocks)
+
+    def record(self, endpoint: str, hashes: Sequence) -> PrefixMatch:
+        """Record a dispatch; returns the match the request had (for hit-rate accounting)."""
+        with self._lock:
+            lru = self._lru.setdefault(endpoint, OrderedDict())
+            n = 0
+            counting = True
+            for h in hashes:
+                if h in lru:
+                    if counting:
+                        n += 1
+                    lru.move_to_end(h)
+                else:
+                    counting = False
+                    lru[h] = None       # a new key goes to the most recent end already
+            while len(lru) > self.capacity:
+                lru.popitem(last=False)
+            self.lookups += 1
+            self.hit_blocks += n
+            self.total_blocks += len(hashes)
+        return PrefixMatch(n, len(hashes), self.block_size_tokens)
+
+    def forget(self, endpoint: str) -> None:
+        """Drop an endpoint's entries (e.g. the engine restarted and lost its cache)."""
+        with self._lock:
+            self._lru.pop(endpoint, None)
+
+    def size(self, endpoint: str) -> int:
+        with self._lock:
+            return len(self._lru.get(endpoint, ()))
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0

@@ -1,0 +1,202 @@
+"""The simulator's side of the request lifecycle: one driver for every routing policy.
+
+The engine calls a router at each arrival (``route``), dispatch, first token and end of
+a request (``engine.Router``). :class:`LifecycleRouter` turns those events into the
+calls of :mod:`epp_client.lifecycle` on a policy, with simulated time, exactly as the
+gateway does with real time: ``schedule`` at arrival (candidates carry the *scraped*
+metrics and, for prefix-aware policies, the approximate prefix producer's match; the
+policy adds its own in-flight counters), ``pre_request`` at dispatch, ``on_first_chunk``
+at the first token, ``on_complete`` at the end. The policy is an epp_client
+``Scheduler`` (``epp_routers``) or a heuristic (``routers``: random, round-robin,
+least-queue, oracle; ``lora_v1``).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from epp_client import Endpoint, EndpointMetrics, InferenceRequest
+from epp_client.plugins.prefix import ApproxPrefixProducer
+
+from .request import SimRequest
+from .workloads import SEG
+
+#: Simulated wall clock origin for training-entry timestamps (deterministic).
+EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+#: The approximate prefix producer's default block: 64 tokens (B4.1).
+PREFIX_BLOCK = 64
+#: Without a configured producer the simulator matches whole prompts (no block cap; the
+#: Mooncake synthetic trace has prompts past the gateway's 2048 x 64 tokens).
+UNCAPPED = 2**31 - 1
+
+
+class BaseRouter:
+    """The engine's router interface with no-op hooks; ``self.sim`` is set by ``bind``."""
+
+    name = "base"
+    tick_interval_s = 0.0
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.sim = None
+
+    def bind(self, sim) -> None:
+        self.sim = sim
+
+    def route(self, req: SimRequest, now: float) -> int | None:
+        raise NotImplementedError
+
+    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
+        pass
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        pass
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        pass
+
+    def on_tick(self, now: float) -> None:
+        pass
+
+    def on_wake(self, now: float) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+
+#: ``factory(rng, clock, wall_clock) -> policy``; ``rng`` is the router's seeded generator.
+PolicyFactory = Callable[[random.Random, Callable[[], float], Callable[[], float]], Any]
+
+
+def doc_note(cls: type) -> str:
+    """The first paragraph of a class's docstring on one line (a policy's note in reports)."""
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def prompt_hashes(req: SimRequest, block: int) -> list:
+    """Block identities of the prompt: ``SEG // block`` per full segment; a partial segment
+    contributes its full blocks and ends the chain."""
+    out: list = []
+    per = SEG // block
+    for key, n in req.segments:
+        full = n // block if n < SEG else per
+        out.extend((key, j) for j in range(full))
+        if n < SEG:
+            break
+    return out
+
+
+class LifecycleRouter(BaseRouter):
+    """Drives a request-lifecycle policy. ``prefix``: match prompts with the approximate
+    prefix producer (the scheduler's configured one, else the default 64-token one)."""
+
+    def __init__(self, name: str, factory: PolicyFactory, seed: int = 0, learner=None, sink=None,
+                 description: str = "", prefix: bool = False) -> None:
+        super().__init__(seed)
+        self.name = name
+        self.description = description
+        self._factory = factory
+        self.learner = learner
+        self.sink = sink
+        self.use_prefix = prefix
+        self.lifecycle: Any = None
+        self.prefix: ApproxPrefixProducer | None = None
+        self.endpoints: list[Endpoint] = []
+        self.by_name: dict[str, int] = {}
+        self.current: SimRequest | None = None   # the request being scheduled (for the oracle)
+        self.tick_interval_s = learner.tick_interval_s if learner is not None else 0.0
+
+    def bind(self, sim) -> None:
+        super().bind(sim)
+        clock = lambda: sim.now  # noqa: E731
+        wall = lambda: EPOCH + sim.now  # noqa: E731
+        self.lifecycle = self._factory(self.rng, clock, wall)
+        if callable(getattr(self.lifecycle, "bind", None)):
+            self.lifecycle.bind(sim, self)
+        if self.use_prefix:
+            self.prefix = (getattr(self.lifecycle, "prefix_producer", None)
+                           or ApproxPrefixProducer(PREFIX_BLOCK, max_prefix_blocks=UNCAPPED))
+            if SEG % self.prefix.block_size_tokens:
+                raise ValueError(f"approx-prefix-cache-producer: blockSizeTokens must divide the simulator's "
+                                 f"{SEG}-token prefix segments, got {self.prefix.block_size_tokens}")
+        self.endpoints = [Endpoint(name=f"sim-{i}", address="127.0.0.1", port=8000 + i)
+                          for i in range(len(sim.servers))]
+        self.by_name = {e.name: i for i, e in enumerate(self.endpoints)}
+        if self.learner is not None:
+            self.learner.bind(clock)
+
+    def route(self, req: SimRequest, now: float):
+        scraped = self.sim.scraped
+        eps = self.endpoints
+        for i, e in enumerate(eps):
+            m = scraped[i]
+            e.metrics = EndpointMetrics(m.kv_cache_usage, m.waiting, m.running, m.active_lora, m.waiting_lora,
+                                        m.max_lora)
+            e.inflight = None
+        hashes = None
+        if self.prefix is not None:
+            bs = self.prefix.block_size_tokens
+            hashes = prompt_hashes(req, bs)[:self.prefix.max_prefix_blocks]
+            self.prefix.produce(hashes, eps, total_blocks=-(-req.input_len // bs))
+        headers = {"x-request-id": str(req.rid)}
+        if req.ttft_slo_ms > 0:
+            headers["x-llm-d-slo-ttft-ms"] = f"{req.ttft_slo_ms:.3f}"
+        if req.tpot_slo_ms > 0:
+            headers["x-llm-d-slo-tpot-ms"] = f"{req.tpot_slo_ms:.3f}"
+        ireq = InferenceRequest(request_id=str(req.rid), headers=headers, priority=req.priority,
+                                input_tokens=req.input_len, target_model=req.lora, streaming=True)
+        self.current = req
+        try:
+            res = self.lifecycle.schedule(ireq, eps, now=now)
+        finally:
+            self.current = None
+        if not res.ok:
+            return None
+        req.ctx = (ireq, res, hashes)
+        return self.by_name[res.endpoint.name]
+
+    def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
+        if req.ctx is None:
+            return
+        ireq, res, hashes = req.ctx
+        self.lifecycle.pre_request(ireq, res, now=now)
+        if hashes is not None:
+            self.prefix.record(self.endpoints[idx].name, hashes)
+
+    def on_first_token(self, req: SimRequest, now: float) -> None:
+        if req.ctx is not None:
+            self.lifecycle.on_first_chunk(str(req.rid), now=now, tokens=1)
+
+    def on_finish(self, req: SimRequest, now: float) -> None:
+        if req.ctx is None:
+            return
+        if req.shed:
+            self.lifecycle.on_complete(str(req.rid), now=now, status=503, aborted=True)
+        else:
+            self.lifecycle.on_complete(str(req.rid), now=now, output_tokens=req.output_len)
+        req.ctx = None
+
+    def on_tick(self, now: float) -> None:
+        if self.learner is not None:
+            self.learner.tick(now)
+
+    def stats(self) -> dict:
+        out: dict = {}
+        stats = getattr(self.lifecycle, "stats", None)
+        if callable(stats):
+            out.update(stats())
+        producer = getattr(self.lifecycle, "producer", None)
+        if producer is not None:
+            c = producer.counters
+            out.update({"predictions": c.get("predictions", 0), "prediction_failures": c.get("prediction_failures", 0),
+                        "training_entries": self.sink.entries if self.sink is not None else 0})
+            if self.sink is not None:
+                out.update(self.sink.accuracy())
+        if self.learner is not None:
+            out.update(self.learner.stats())
+        return out
+
+    def close(self) -> None:
+        if self.learner is not None:
+            self.learner.close()

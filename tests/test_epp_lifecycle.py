@@ -1,0 +1,164 @@
+"""The one request lifecycle: heuristics and the scheduler on it, one in-flight count, the
+approximate prefix producer configured from an EndpointPickerConfig and used by both the
+gateway and the simulator."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.heuristics import LeastLoadScheduler, LeastRequestsScheduler, RoundRobinScheduler
+from epp_client.plugins import ApproxPrefixProducer
+from epp_client.scheduler import Scheduler
+
+PREFIX_CONFIG = """
+plugins:
+- type: approx-prefix-cache-producer
+  parameters: {blockSizeTokens: 128, maxPrefixBlocksToMatch: 10, lruCapacityPerServer: 3}
+- type: inflight-token-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: inflight-token-scorer
+"""
+
+
+def eps(n=3):
+    return [Endpoint(name=f"e{i}", metrics=EndpointMetrics()) for i in range(n)]
+
+
+def req(i, tokens=100, **kw):
+    return InferenceRequest(request_id=f"r{i}", input_tokens=tokens, **kw)
+
+
+def test_prefix_producer_is_built_from_the_config_with_its_parameters():
+    s = Scheduler.from_config(PREFIX_CONFIG)
+    p = s.prefix_producer
+    assert isinstance(p, ApproxPrefixProducer)
+    assert (p.block_size_tokens, p.max_prefix_blocks, p.capacity) == (128, 10, 3)
+    with pytest.raises(ConfigError) as e:
+        Scheduler.from_config(PREFIX_CONFIG.replace("blockSizeTokens: 128", "blockSizeTokens: 0"))
+    assert "blockSizeTokens" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Scheduler.from_config(PREFIX_CONFIG.replace("lruCapacityPerServer", "lruCapacity"))
+    assert "lruCapacity" in str(e.value)
+    assert Scheduler.from_config("plugins: [{type: queue-scorer}]").prefix_producer is None
+
+
+def test_prefix_producer_matches_leading_blocks_and_evicts_least_recent():
+    p = ApproxPrefixProducer(block_size_tokens=16, lru_capacity_per_endpoint=3)
+    cands = eps(2)
+    assert p.record("e0", ["a", "b", "c"]) == PrefixMatch(0, 3, 16)
+    p.produce(["a", "b", "x"], cands)
+    assert cands[0].prefix_match == PrefixMatch(2, 3, 16) and cands[1].prefix_match == PrefixMatch(0, 3, 16)
+    p.record("e0", ["d"])                       # capacity 3: "a" (least recent) goes
+    assert p.match("e0", ["a", "b"]).match_blocks == 0 and p.match("e0", ["b", "c", "d"]).match_blocks == 3
+    assert p.match("e0", ["b"], total_blocks=5) == PrefixMatch(1, 5, 16)
+
+
+def test_inflight_token_scorer_from_config_follows_the_schedulers_own_count():
+    s = Scheduler.from_config(PREFIX_CONFIG, rng=random.Random(0))
+    cands = eps(2)
+    first = s.schedule(req(1, tokens=500), cands)
+    s.pre_request(req(1, tokens=500), first)
+    busy = first.endpoint.name
+    second = s.schedule(req(2), cands)
+    assert second.endpoint.name != busy and second.scores[busy] == 0.0
+    s.on_first_chunk("r1")                      # tokens released: both equal again
+    assert s.inflight.snapshot(busy).tokens == 0 and s.inflight.snapshot(busy).requests == 1
+    s.on_complete("r1")
+    assert s.inflight.snapshot(busy).requests == 0
+
+
+def test_a_retry_elsewhere_is_accounted_on_that_endpoint():
+    s = Scheduler.from_config(PREFIX_CONFIG, rng=random.Random(0))
+    cands = eps(2)
+    r = req(1)
+    res = s.schedule(r, cands)
+    other = next(e for e in cands if e.name != res.endpoint.name)
+    s.pre_request(r, res)
+    s.on_complete(r.request_id, status=503, aborted=True)
+    s.pre_request(r, res, endpoint=other)
+    assert s.inflight.snapshot(other.name).requests == 1
+    assert s.inflight.snapshot(res.endpoint.name).requests == 0
+
+
+def test_heuristics_count_in_flight_once_through_the_lifecycle():
+    lc = LeastRequestsScheduler(random.Random(1))
+    cands = eps(3)
+    names = []
+    for i in range(3):
+        res = lc.schedule(req(i), cands)
+        lc.pre_request(req(i), res)
+        names.append(res.endpoint.name)
+    assert sorted(names) == ["e0", "e1", "e2"]           # one each: fewest in flight first
+    lc.on_complete("r1")
+    assert lc.schedule(req(9), cands).endpoint.name == names[1]
+    rr = RoundRobinScheduler(random.Random(0))
+    assert [rr.schedule(req(i), cands).endpoint.name for i in range(4)] == ["e0", "e1", "e2", "e0"]
+    assert not lc.schedule(req(10), []).ok
+
+
+def test_least_load_prefers_prefix_then_idle_and_shares_the_tracker():
+    base = Scheduler.from_config(PREFIX_CONFIG)
+    lc = LeastLoadScheduler(random.Random(0), inflight=base.inflight)
+    cands = eps(3)
+    cands[2].prefix_match = PrefixMatch(4, 4, 16)
+    assert lc.schedule(req(1), cands).endpoint.name == "e2"
+    cands[2].prefix_match = None
+    res = lc.schedule(req(2), cands)
+    lc.pre_request(req(2), res)
+    assert base.inflight.snapshot(res.endpoint.name).requests == 1     # one count for both
+    assert lc.rank(cands)[-1].name == res.endpoint.name
+
+
+def test_gateway_uses_the_configs_prefix_producer_and_the_policys_inflight(tmp_path):
+    from gateway.core import Gateway
+    from gateway.settings import GatewaySettings
+
+    s = Scheduler.from_config(PREFIX_CONFIG)
+    gw = Gateway(GatewaySettings(endpoints=["http://127.0.0.1:9", "http://127.0.0.1:10"]), s)
+    assert gw.prefix is s.prefix_producer and gw.inflight is s.inflight
+    assert gw.driver.fallback.inflight is s.inflight
+    info, hashes = gw.request_info({}, {"prompt": "x" * 4 * 128 * 12}, False)
+    assert len(hashes) == 10                     # 128-token blocks, at most maxPrefixBlocksToMatch
+    plain = Gateway(GatewaySettings(endpoints=["http://127.0.0.1:9"], block_size_tokens=32))
+    assert plain.prefix.block_size_tokens == 32 and isinstance(plain.router, LeastLoadScheduler)
+
+
+def test_simulator_uses_the_configs_prefix_producer():
+    from load.sim import workloads as W
+    from load.sim.driver import LifecycleRouter
+    from load.sim.engine import ClusterConfig, Simulation
+    from load.sim.stepmodel import get_preset
+
+    spec = get_preset("llama3-8b-a100")
+    arrivals = W.scale_to_rate(W.synthetic_poisson(40, seed=2, input_median=1500, output_median=20), 2.0)
+    reqs = W.make_requests(arrivals, [W.SloClass()], 0, spec)
+    config = PREFIX_CONFIG.replace("maxPrefixBlocksToMatch: 10", "maxPrefixBlocksToMatch: 1000")
+    router = LifecycleRouter("t", lambda rng, clock, wall: Scheduler.from_config(config, rng=rng), prefix=True)
+    Simulation(ClusterConfig([spec, spec]), reqs, router).run()
+    assert router.prefix is router.lifecycle.prefix_producer and router.prefix.lookups == len(reqs)
+    assert router.prefix.block_size_tokens == 128
+    bad = LifecycleRouter("t", lambda rng, clock, wall: Scheduler.from_config(
+        config.replace("blockSizeTokens: 128", "blockSizeTokens: 100")), prefix=True)
+    with pytest.raises(ValueError, match="blockSizeTokens"):
+        Simulation(ClusterConfig([spec]), W.make_requests(arrivals[:2], [W.SloClass()], 0, spec), bad).run()
+
+
+def test_epp_client_does_not_import_the_gateway_or_the_simulator():
+    import ast
+    from pathlib import Path
+
+    import epp_client
+
+    root = Path(epp_client.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("gateway", "load")]
+    assert len(list(root.rglob("*.py"))) > 10 and offenders == []
