@@ -11,27 +11,9 @@ import asyncio
 import http.client
 import threading
 from collections import deque
-from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 
-class TransportError(ConnectionError):
-    """The server could not be reached or closed the connection."""
-
-
-@dataclass(frozen=True)
-class ServerAddress:
-    url: str
-    host: str
-    port: int
-    base_path: str
-
-    @classmethod
-    def parse(cls, url: str) -> "ServerAddress":
-        u = urlsplit(url.strip())
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"only http://host:port URLs are supported, got {url!r}")
-        return cls(url.strip().rstrip("/"), u.hostname, u.port or 80, u.path.rstrip("/"))
+from .transport import ServerAddress, TransportError
 
 
 class AsyncPool:
@@ -186,3 +168,25 @@ class SyncPool:
             for c in self._idle:
                 c.close()
             self._idle.clear()
+
+
+class RawTransport:
+    """The hand-written pools behind the ``HttpTransport`` interface (for the comparison)."""
+
+    def __init__(self, addr: ServerAddress, max_idle_async: int = 32, max_idle_sync: int = 8) -> None:
+        self.addr = addr
+        self._a = AsyncPool(addr, max_idle_async)
+        self._s = SyncPool(addr, max_idle_sync)
+
+    def post(self, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        return self._s.post(path, body, timeout)
+
+    async def apost(self, path: str, body: bytes) -> tuple[int, bytes]:
+        return await self._a.post(path, body)
+
+    def close(self) -> None:
+        self._s.close()
+
+    async def aclose(self) -> None:
+        self._a.close()
+        self._s.close()
