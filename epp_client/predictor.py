@@ -36,7 +36,7 @@ from features.schema import FieldError, parse_row
 
 from .breaker import CircuitBreaker
 from .coalescer import Coalescer
-from .transport import ServerAddress, TransportError, make_transport
+from .httpclient import HttpTransport, ServerAddress, TransportError
 
 PREDICT_PATH = "/predict/bulk/strict"
 #: upstream MaxBulkSize (LATENCY_MAX_BULK_SIZE, 1..100)
@@ -50,7 +50,7 @@ class BulkPrediction:
     model_version: str = ""
     model_source: str = ""
 
-    def slice(self, offset: int, n: int) -> "BulkPrediction":
+    def slice(self, offset: int, n: int) -> BulkPrediction:
         """The predictions of rows ``offset .. offset + n - 1``."""
         return BulkPrediction(self.ttft_ms[offset:offset + n], self.tpot_ms[offset:offset + n], self.model_version,
                               self.model_source)
@@ -200,7 +200,7 @@ class PredictorClient:
         self.max_concurrent_dispatches = max(1, max_concurrent_dispatches)
         self.clock = clock
         self.breakers = {s.url: CircuitBreaker(failure_threshold, circuit_open_s, clock) for s in self.servers}
-        self._transports = {s.url: make_transport(s, max_idle_connections) for s in self.servers}
+        self._transports = {s.url: HttpTransport(s, max_idle_connections) for s in self.servers}
         self._rr = 0
         self._lock = threading.Lock()
         self.metrics = PredictorMetrics()

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from .transport import ServerAddress, make_transport
+from .httpclient import HttpTransport, ServerAddress
 
 ADD_PATH = "/add_training_data_bulk"
 
@@ -90,7 +90,7 @@ class TrainingReporter:
         self.max_buffer = max_buffer
         self.rng = rng or random.Random()
         self.autostart = autostart
-        self._pool = make_transport(self.addr, max_idle_sync=2)
+        self._pool = HttpTransport(self.addr, max_idle_sync=2)
         self._buf: deque = deque()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
