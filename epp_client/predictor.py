@@ -17,8 +17,10 @@ blocks. Predictions map to rows by position.
   ``features.matrix.raw_matrix`` and calls ``bundle.predict``; for simulators.
 - :class:`PredictorClient`: HTTP to N prediction servers (``POST /predict/bulk/strict``),
   spread round-robin, retry once on another server on connection failure, a per-call
-  deadline (default 50 ms, A.2.8), a circuit breaker per server, an optional coalescing
-  window (async, B1.6), and metrics of calls, latency, failures and fallbacks.
+  deadline (default 50 ms, A.2.8), a circuit breaker per server (``breaker.py``), an
+  optional coalescing window (async, B1.6; ``coalescer.py``), and metrics of calls,
+  latency, failures and fallbacks. HTTP goes through ``httpclient.py``, whose only errors
+  are ``TransportError`` (any connection or parse failure) and ``TimeoutError``.
 """
 from __future__ import annotations
 
