@@ -17,8 +17,10 @@ blocks. Predictions map to rows by position.
   ``features.matrix.raw_matrix`` and calls ``bundle.predict``; for simulators.
 - :class:`PredictorClient`: HTTP to N prediction servers (``POST /predict/bulk/strict``),
   spread round-robin, retry once on another server on connection failure, a per-call
-  deadline (default 50 ms, A.2.8), a circuit breaker per server, an optional coalescing
-  window (async, B1.6), and metrics of calls, latency, failures and fallbacks.
+  deadline (default 50 ms, A.2.8), a circuit breaker per server (``breaker.py``), an
+  optional coalescing window (async, B1.6; ``coalescer.py``), and metrics of calls,
+  latency, failures and fallbacks. HTTP goes through ``httpclient.py``, whose only errors
+  are ``TransportError`` (any connection or parse failure) and ``TimeoutError``.
 """
 from __future__ import annotations
 
@@ -26,14 +28,16 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import orjson
 
 from features.schema import FieldError, parse_row
 
-from .httpclient import AsyncPool, ServerAddress, SyncPool, TransportError
+from .breaker import CircuitBreaker
+from .coalescer import Coalescer
+from .httpclient import HttpTransport, ServerAddress, TransportError
 
 PREDICT_PATH = "/predict/bulk/strict"
 #: upstream MaxBulkSize (LATENCY_MAX_BULK_SIZE, 1..100)
@@ -46,6 +50,11 @@ class BulkPrediction:
     tpot_ms: list[float]
     model_version: str = ""
     model_source: str = ""
+
+    def slice(self, offset: int, n: int) -> BulkPrediction:
+        """The predictions of rows ``offset .. offset + n - 1``."""
+        return BulkPrediction(self.ttft_ms[offset:offset + n], self.tpot_ms[offset:offset + n], self.model_version,
+                              self.model_source)
 
 
 class Predictor(Protocol):
@@ -151,36 +160,6 @@ class InProcessPredictor:
         pass
 
 
-class CircuitBreaker:
-    """Per server: opens after ``failure_threshold`` consecutive failures for ``open_s``;
-    then half-open (calls allowed; one more failure reopens it, a success closes it)."""
-
-    def __init__(self, failure_threshold: int = 3, open_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.failure_threshold = failure_threshold
-        self.open_s = open_s
-        self.clock = clock
-        self.consecutive = 0
-        self.open_until = 0.0
-        self.opened = 0  # how many times it opened
-
-    def allows(self) -> bool:
-        return self.consecutive < self.failure_threshold or self.clock() >= self.open_until
-
-    @property
-    def is_open(self) -> bool:
-        return not self.allows()
-
-    def success(self) -> None:
-        self.consecutive = 0
-
-    def failure(self) -> None:
-        self.consecutive += 1
-        if self.consecutive >= self.failure_threshold:
-            self.open_until = self.clock() + self.open_s
-            self.opened += 1
-
-
 class _CallFailed(Exception):
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
@@ -214,12 +193,11 @@ class PredictorClient:
         self.max_concurrent_dispatches = max(1, max_concurrent_dispatches)
         self.clock = clock
         self.breakers = {s.url: CircuitBreaker(failure_threshold, circuit_open_s, clock) for s in self.servers}
-        self._apools = {s.url: AsyncPool(s, max_idle_connections) for s in self.servers}
-        self._spools = {s.url: SyncPool(s) for s in self.servers}
+        self._transports = {s.url: HttpTransport(s, max_idle_connections) for s in self.servers}
         self._rr = 0
         self._lock = threading.Lock()
         self.metrics = PredictorMetrics()
-        self._coalescer: _Coalescer | None = None
+        self._coalescer: Coalescer | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "PredictorClient":
@@ -319,7 +297,7 @@ class PredictorClient:
             if remaining is None:
                 return None
             try:
-                status, payload = self._spools[s.url].post(PREDICT_PATH, body, remaining)
+                status, payload = self._transports[s.url].post(PREDICT_PATH, body, remaining)
                 result = self._parse(status, payload, n)
             except (TransportError, TimeoutError, _CallFailed) as e:
                 if self._record_failure(s, e):
@@ -337,7 +315,8 @@ class PredictorClient:
         if self.coalesce_window_s <= 0:
             return self._end(await self._acall(orjson.dumps({"requests": rows}), len(rows), t0), t0)
         if self._coalescer is None:
-            self._coalescer = _Coalescer(self)
+            self._coalescer = Coalescer(self.coalesce_window_s, self.max_coalesced_rows,
+                                        self.max_concurrent_dispatches, self._acall_rows)
         fut = self._coalescer.submit(rows)
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), self.deadline_s)
@@ -345,6 +324,10 @@ class PredictorClient:
             self.metrics.fail("timeout")
             result = None
         return self._end(result, t0)
+
+    async def _acall_rows(self, rows: list[dict]) -> BulkPrediction | None:
+        """One coalesced batch (its deadline starts now)."""
+        return await self._acall(orjson.dumps({"requests": rows}), len(rows), self.clock())
 
     async def _acall(self, body: bytes, n: int, t0: float) -> BulkPrediction | None:
         """One bulk POST within the deadline, retrying once on another server on a
@@ -355,7 +338,7 @@ class PredictorClient:
                 return None
             try:
                 async with asyncio.timeout(remaining):
-                    status, payload = await self._apools[s.url].post(PREDICT_PATH, body)
+                    status, payload = await self._transports[s.url].apost(PREDICT_PATH, body)
                 result = self._parse(status, payload, n)
             except (TransportError, TimeoutError, _CallFailed) as e:
                 if self._record_failure(s, e):
@@ -366,75 +349,13 @@ class PredictorClient:
         return None
 
     def close(self) -> None:
-        for p in self._spools.values():
-            p.close()
+        for t in self._transports.values():
+            t.close()
 
     async def aclose(self) -> None:
         if self._coalescer is not None:
             self._coalescer.shutdown()
             self._coalescer = None
-        for p in self._apools.values():
-            p.close()
-        self.close()
+        for t in self._transports.values():
+            await t.aclose()
 
-
-class _Coalescer:
-    """B1.6 coalescer: the first submission starts a timer of the window; the batch is
-    dispatched when it fires or as soon as ``max_coalesced_rows`` (> 0) is reached, as one
-    POST (rows concatenated in arrival order); each caller gets its slice."""
-
-    def __init__(self, client: PredictorClient) -> None:
-        self.client = client
-        self.pending: list[tuple[list[dict], asyncio.Future]] = []
-        self.pending_rows = 0
-        self.timer: asyncio.TimerHandle | None = None
-        self.sem = asyncio.Semaphore(client.max_concurrent_dispatches)
-        self.tasks: set[asyncio.Task] = set()
-        self.batches = 0
-
-    def submit(self, rows: list[dict]) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self.pending.append((rows, fut))
-        self.pending_rows += len(rows)
-        if self.timer is None:
-            self.timer = loop.call_later(self.client.coalesce_window_s, self.flush)
-        cap = self.client.max_coalesced_rows
-        if cap > 0 and self.pending_rows >= cap:
-            self.flush()
-        return fut
-
-    def flush(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        batch, self.pending, self.pending_rows = self.pending, [], 0
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._dispatch(batch))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def _dispatch(self, batch: list[tuple[list[dict], asyncio.Future]]) -> None:
-        self.batches += 1
-        rows = [r for rs, _ in batch for r in rs]
-        async with self.sem:
-            result = await self.client._acall(orjson.dumps({"requests": rows}), len(rows), self.client.clock())
-        off = 0
-        for rs, fut in batch:
-            n = len(rs)
-            if not fut.done():
-                fut.set_result(None if result is None else BulkPrediction(
-                    result.ttft_ms[off:off + n], result.tpot_ms[off:off + n], result.model_version,
-                    result.model_source))
-            off += n
-
-    def shutdown(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        for _, fut in self.pending:
-            if not fut.done():
-                fut.set_result(None)
-        self.pending = []
-        for t in self.tasks:
-            t.cancel()

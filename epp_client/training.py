@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from .httpclient import ServerAddress, SyncPool
+from .httpclient import HttpTransport, ServerAddress
 
 ADD_PATH = "/add_training_data_bulk"
 
@@ -89,7 +89,7 @@ class TrainingReporter:
         self.max_buffer = max_buffer
         self.rng = rng or random.Random()
         self.autostart = autostart
-        self._pool = SyncPool(self.addr, max_idle=2)
+        self._pool = HttpTransport(self.addr, max_idle_sync=2)
         self._buf: deque = deque()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
