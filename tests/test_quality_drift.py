@@ -12,12 +12,10 @@ from features.schema import parse_training_entry
 from training_server import calibration, trainer as trainer_mod
 from training_server.store import entries_to_rows
 from load.data import load_entries
-import asyncio
-import json
-
-from training_server.app import TrainingService
+from training_server.correction import LEVEL_ROWS
+from training_server.service import TrainingService
 from training_server.settings import Settings
-from training_server.worker import LEVEL_ROWS, RECENT_WEIGHT
+from training_server.worker import RECENT_WEIGHT
 
 from test_training_publish import parts  # noqa: F401 (the worker fixture: real store, registry, worker)
 
@@ -44,7 +42,7 @@ def _replay(worker, registry, entries, factor, chunk=25):
     seen = {"ttft": [], "tpot": []}
     for i in range(0, len(entries), chunk):
         pairs = _live(registry.served, entries[i:i + chunk], factor)
-        worker.metrics.observe_live(pairs, pairs)
+        worker.feedback.observe(pairs, pairs)
         for t in seen:
             seen[t] += pairs[t]
         worker.recalibrate()
@@ -111,11 +109,11 @@ def test_live_pairs_of_recent_learned_versions_feed_the_correction(tmp_path):
                                            "num_request_running", "num_tokens_generated", "prefix_cache_score")}
         entries = [dict(base, actual_ttft_ms=100.0, actual_tpot_ms=0, predicted_ttft_ms=80.0, model_version=ver)
                    for ver in (v, v, "prior-default", "v999999-20990101T000000Z", "")]
-        asyncio.run(svc.ingest(json.dumps({"entries": entries}).encode()))
-        a, p = svc.metrics.take_feedback("ttft")
+        assert svc.ingest(entries).result(10).accepted == 5
+        a, p = svc.feedback.take("ttft")
         assert len(a) == 2  # the served learned version only: not the prior, unknown or absent ones
-        assert svc.metrics.take_feedback("ttft")[0].size == 0  # drained
-        assert svc.metrics.live_scores()["ttft"]["n"] == 3  # live error: served or unversioned entries
+        assert svc.feedback.take("ttft")[0].size == 0  # drained
+        assert svc.feedback.live_scores()["ttft"]["n"] == 3  # live error: served or unversioned entries
     finally:
         svc.stop()
 

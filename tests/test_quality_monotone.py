@@ -15,7 +15,7 @@ from features.matrix import REGIME_NAMES
 from features.schema import COL, RAW_COLUMNS
 from features.loaded import LoadedBundle
 from training_server import calibration, trainer
-from training_server.app import TrainingService
+from training_server.service import TrainingService
 from training_server.evaluate import read_trace
 from training_server.settings import Settings
 

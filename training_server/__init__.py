@@ -13,8 +13,13 @@ Modules (each usable in-process without a server):
   prediction server, which this package never imports).
 * ``registry``  - published bundles on disk and the served one; export / seed documents.
 * ``worker``    - ``RetrainWorker``: interval + new-data trigger, per-target publish gate.
-* ``metrics``   - Prometheus metrics on a per-app registry.
-* ``app``       - ``create_app(settings)`` (FastAPI) over ``TrainingService``.
+* ``feedback``  - ``LiveFeedback``: live (actual, predicted) pairs from ingestion, owned by
+  the worker (live error window, drift, the correction's queue).
+* ``correction`` - ``LiveCorrection``: the live factor (adaptive conformal) and its hand-over.
+* ``metrics``   - Prometheus metrics on a per-app registry (observe only).
+* ``service``   - ``TrainingService``: ingest, run a cycle, predict, flush; no transport
+  (the simulator uses it as is, on simulated time).
+* ``app``       - ``create_app(settings)`` (FastAPI), an HTTP adapter over ``TrainingService``.
 * ``export``    - ``python -m training_server.export URL DIR``: a seed bundle directory.
 
 Run it with ``latency-training-server [--host H] [--port P] [--data-dir D]``.

@@ -1,5 +1,9 @@
 """Request bodies of the training server: who may send one, admission, reading, parsing.
 
+Who: with ``LATENCY_API_TOKEN`` set, write endpoints need it as a bearer token
+(:func:`check_token`); without one, ``/flush`` is allowed from loopback only
+(:func:`check_flush_access`).
+
 Checked in this order, each before any byte of the body is read:
 
 * ``Content-Type`` must be ``application/json`` (a ``charset`` parameter, if any, UTF-8):
@@ -20,10 +24,11 @@ parsed slice by slice (:func:`array_slices`), so the parsed form of only about
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
 import orjson
 from fastapi import Request
@@ -38,6 +43,7 @@ SLICE_BYTES = 1 << 20
 _CONTAINERS = (dict, list)
 _BOUNDARY = re.compile(rb"}\s*,\s*{")
 _WS = b" \t\r\n"
+T = TypeVar("T")
 
 
 class HTTPProblem(Exception):
@@ -116,6 +122,47 @@ def array_slices(body: bytes | bytearray, key: str) -> Iterator[list]:
             raise NotSplittable(key)
         yield items
         pos = nxt
+
+
+def parse_bulk(body: bytes | bytearray, validate: Callable[[Iterator[list]], T]) -> T:
+    """``validate`` applied to the entries of a ``{"entries": [...]}`` body, as lists. A
+    large body is parsed slice by slice (:func:`array_slices`) so its parsed form stays
+    small; any other shape is parsed whole, and a body that is not such an object is 422."""
+    if len(body) > 2 * SLICE_BYTES:
+        try:
+            return validate(array_slices(body, "entries"))
+        except NotSplittable:
+            pass  # another shape, or invalid: parse it whole (and name the problem)
+    doc = parse_json(body)
+    if type(doc) is not dict:
+        raise field_problem(["body"], "body must be a JSON object with an 'entries' list", "type_error")
+    entries = doc.get("entries")
+    if type(entries) is not list:
+        kind = "missing" if "entries" not in doc else "type_error"
+        raise field_problem(["body", "entries"], "'entries' must be a list of training entries", kind)
+    del doc
+    return validate(iter([entries]))
+
+
+def check_token(token: str | None, authorization: str | None) -> None:
+    """401 unless ``authorization`` is ``Bearer <token>`` (nothing to check without a token)."""
+    if token is None:
+        return
+    given = ""
+    if authorization and authorization[:7].lower() == "bearer ":
+        given = authorization[7:].strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise HTTPProblem(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
+                          {"WWW-Authenticate": "Bearer"})
+
+
+def check_flush_access(token: str | None, authorization: str | None, loopback: bool) -> None:
+    """The token when one is configured; without one, only a caller on loopback."""
+    if token is not None:
+        check_token(token, authorization)
+    elif not loopback:
+        raise HTTPProblem(403, "/flush without LATENCY_API_TOKEN is allowed from loopback only; "
+                               "set LATENCY_API_TOKEN to flush from another host")
 
 
 def require_json(request: Request) -> None:

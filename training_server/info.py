@@ -1,6 +1,6 @@
 """Read-only answers of the training server about its models and data (the GET endpoints
 ``/model/download/info``, ``/models/list``, ``/model/{name}/info``, ``/model/*/xgb/json``
-and ``/data/status``), as functions of the running :class:`~training_server.app.TrainingService`."""
+and ``/data/status``), as functions of the running :class:`~training_server.service.TrainingService`."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -11,7 +11,7 @@ from features.matrix import TARGETS
 from .bodies import HTTPProblem
 
 if TYPE_CHECKING:
-    from .app import TrainingService
+    from .service import TrainingService
 
 
 def iso(ts: float) -> str:

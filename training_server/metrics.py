@@ -1,31 +1,21 @@
-"""Prometheus metrics of one training-server instance (its own CollectorRegistry)."""
+"""Prometheus metrics of one training-server instance (its own CollectorRegistry).
+
+The metrics only observe: the live-error window they expose is kept by the retrain
+worker's :class:`~training_server.feedback.LiveFeedback` and passed to :meth:`render`."""
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from typing import Mapping
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from features.matrix import TARGETS
 
-from .trainer import evaluate_predictions
-
 PREFIX = "latency_training_"
-#: live-error window (entries carrying a prediction), per target
-LIVE_WINDOW = 2000
-#: live coverage this many points off the quantile, over at least DRIFT_MIN_SAMPLES, is drift
-DRIFT_COVERAGE_POINTS = 5.0
-DRIFT_MIN_SAMPLES = 200
-#: live feedback pairs waiting for the worker's adaptive correction (bounded: the oldest go)
-FEEDBACK_BACKLOG = 20_000
 
 
 class TrainingMetrics:
-    def __init__(self, quantile: float = 0.9, live_window: int = LIVE_WINDOW) -> None:
-        self.quantile = quantile
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.accepted = Counter(PREFIX + "entries_accepted", "Training entries stored", registry=r)
@@ -62,51 +52,8 @@ class TrainingMetrics:
                                    "entries (rolling window)", ["target"], registry=r)
         self.live_samples = Gauge(PREFIX + "live_samples", "Entries in the live-error window", ["target"],
                                   registry=r)
-        self._live = {t: deque(maxlen=live_window) for t in TARGETS}
-        #: pairs of any learned version, drained by the worker (adaptive conformal correction)
-        self._feedback = {t: deque(maxlen=FEEDBACK_BACKLOG) for t in TARGETS}
-        self._live_lock = threading.Lock()
         self._served_labels: tuple[str, str] | None = None
         self._loaded_at = time.time()
-
-    # ---- ingestion -------------------------------------------------------------------------
-    def observe_live(self, pairs: Mapping[str, list[tuple[float, float]]],
-                     feedback: Mapping[str, list[tuple[float, float]]] | None = None) -> None:
-        """``pairs``: (actual, predicted) per target from entries that carried a prediction of
-        the served bundle (the live-error metrics); ``feedback``: the same from any recent
-        learned version (the adaptive correction). The caller filters on model_version."""
-        with self._live_lock:
-            for t, items in pairs.items():
-                if items:
-                    self._live[t].extend(items)
-            for t, items in (feedback or {}).items():
-                if items:
-                    self._feedback[t].extend(items)
-
-    def drifting(self, min_n: int = DRIFT_MIN_SAMPLES, tolerance: float = DRIFT_COVERAGE_POINTS) -> list[str]:
-        """Targets whose live coverage is off the quantile by more than ``tolerance`` points."""
-        return [t for t, s in self.live_scores().items()
-                if s["n"] >= min_n and abs(s["coverage"] - 100.0 * self.quantile) > tolerance]
-
-    def take_feedback(self, target: str) -> tuple[np.ndarray, np.ndarray]:
-        """(actual, predicted) arrays of the feedback pairs of ``target`` that arrived since the
-        last call, oldest first; the backlog is emptied."""
-        with self._live_lock:
-            d = self._feedback[target]
-            items = list(d)
-            d.clear()
-        a = np.array(items, dtype=np.float64).reshape(-1, 2)
-        return a[:, 0], a[:, 1]
-
-    def reset_live(self) -> None:
-        with self._live_lock:
-            for d in self._live.values():
-                d.clear()
-
-    def live_scores(self) -> dict[str, dict]:
-        with self._live_lock:
-            data = {t: np.array(d, dtype=np.float64).reshape(-1, 2) for t, d in self._live.items()}
-        return {t: evaluate_predictions(a[:, 0], a[:, 1], self.quantile) for t, a in data.items() if len(a)}
 
     # ---- model state -----------------------------------------------------------------------
     def set_served(self, version: str, source: str, loaded_at: float) -> None:
@@ -118,7 +65,6 @@ class TrainingMetrics:
         self._served_labels = (version, source)
         self.served_bundle.labels(version, source).set(1)
         self._loaded_at = loaded_at
-        self.reset_live()  # live error is tracked for the served bundle only
 
     def set_heldout(self, scores: Mapping[str, Mapping]) -> None:
         for t, s in scores.items():
@@ -132,11 +78,12 @@ class TrainingMetrics:
             self.heldout_coverage.labels(target, regime).set(float(s["coverage"]))
 
     # ---- exposition ------------------------------------------------------------------------
-    def render(self, store_rows: int, queue_depth: int) -> bytes:
+    def render(self, store_rows: int, queue_depth: int, live: Mapping[str, Mapping]) -> bytes:
+        """The exposition; ``live``: the served bundle's live scores per target
+        (``LiveFeedback.live_scores``)."""
         self.store_rows.set(store_rows)
         self.queue_depth.set(queue_depth)
         self.bundle_age.set(max(0.0, time.time() - self._loaded_at))
-        live = self.live_scores()
         for t in TARGETS:
             s = live.get(t)
             self.live_samples.labels(t).set(0 if s is None else s["n"])

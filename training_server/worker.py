@@ -15,31 +15,17 @@ The stop flag is checked between phases and after every boosting round, so shutd
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
 
-Online adaptive correction (:meth:`RetrainWorker.recalibrate`, adaptive conformal inference):
-every cycle, the live (actual, predicted) pairs that arrived since the last cycle from any
-recent learned version move a per-target *live factor* (:func:`training_server.calibration.
-aci_update`, ``ACI_STEP`` per pair in log units): up on a miss, down on a hit, so that misses
-settle at 1 - quantile. When the factor has moved more than ``ACI_REPUBLISH`` since it was
-last published, the served models are republished at once with their calibration scaled by
-the change: no training, a new version the prediction servers pick up at their next poll. A
-drift the features cannot see (e.g. slower GPUs) is thus corrected within a few hundred
-live pairs, and noise moves the factor by a few percent.
-
-When the factor has moved more than ``DRIFT_LOG`` from where the last retrain left it, that
-is a drift: the rows from then on count as recent (weight ``RECENT_WEIGHT`` in model fit and
-conformal calibration until ``RECENT_ROWS`` rows have arrived since) and the next retrain
-runs at the lowered threshold. A retrained model may have partly absorbed such a drift, so
-while live pairs keep the correction up to date (``LEVEL_MIN_FEEDBACK`` pairs seen, the last
-within ``FEEDBACK_FRESH_S``) a retrain is handed over by level, not by copying the factor:
-the candidate is scaled to the served model's level on the most recent ``LEVEL_ROWS`` stored
-rows per target (:func:`training_server.calibration.level_factor`), and the live factor goes
-on from there. Without live pairs (an EPP that sends no predictions) every retrained model
-keeps its own conformal calibration.
+Every cycle starts with the online adaptive correction (:meth:`RetrainWorker.recalibrate`,
+:mod:`training_server.correction`): the live (actual, predicted) pairs that arrived since the
+last cycle, queued in the worker's :class:`~training_server.feedback.LiveFeedback` by
+ingestion, move a per-target live factor; when it moved enough, the served models are
+republished with their calibration scaled by it. A large move is a drift: the rows from then
+on count as recent (weight ``RECENT_WEIGHT`` in model fit and conformal calibration until
+``RECENT_ROWS`` rows have arrived since) and the next retrain runs at the lowered threshold.
 """
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,48 +33,18 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from features.manifest import Manifest
-from features.matrix import TARGETS
-
-from . import calibration, trainer
+from . import trainer
+from .correction import LEVEL_ROWS, LiveCorrection
+from .feedback import LiveFeedback
 from .metrics import TrainingMetrics
 from .registry import Registry
 from .store import SampleStore
 
 log = logging.getLogger("training_server.worker")
 
-#: adaptive-conformal step per live pair (log units): a x1.5 slowdown is corrected within a
-#: few hundred pairs (about 13 s of traffic at 25 pairs/s), noise moves the factor by a few %
-ACI_STEP = 0.02
-#: largest move of the live factor in one cycle (log units): the pairs of one cycle were all
-#: predicted with an older factor, so a long cycle (a retrain) must not add them all up
-ACI_MAX_MOVE = 0.2
-#: the live factor is republished when it has moved this much (log units) since last published
-ACI_REPUBLISH = 0.02
-#: a live factor this far (log units) from where the last retrain left it is a drift
-DRIFT_LOG = 0.1
-#: most recent stored rows per target that hand the live correction over to a retrained model
-LEVEL_ROWS = 500
-#: the live correction governs the level (a retrain is handed over by level) once this many
-#: live pairs of a target were seen, the last within FEEDBACK_FRESH_S; without live pairs
-#: (an EPP that reports no predictions) a retrained model keeps its own conformal level
-LEVEL_MIN_FEEDBACK = 100
-FEEDBACK_FRESH_S = 120.0
 #: sample weight of rows stored after a detected drift, and how long rows count as recent
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
-
-
-
-def _recent_rows(ts, target: str, n: int) -> np.ndarray:
-    """Raw rows of the ``n`` newest stored samples (train and test) that have ``target``."""
-    parts = [(s.ids, s.raw, s.ttft if target == "ttft" else s.tpot) for s in (ts.train, ts.test)]
-    ids = np.concatenate([p[0] for p in parts])
-    raw = np.concatenate([p[1] for p in parts])
-    y = np.concatenate([p[2] for p in parts])
-    m = y > 0
-    ids, raw = ids[m], raw[m]
-    return raw[np.argsort(ids)[-n:]]
 
 
 class _Stopped(Exception):
@@ -136,9 +92,13 @@ def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping]
 
 
 class RetrainWorker:
+    """Retrains and republishes; owns the live feedback (``feedback``: ingestion adds the
+    pairs, each cycle drains them into the live correction). ``clock`` (seconds, any origin;
+    simulated time in the simulator) dates the live pairs."""
+
     def __init__(self, store: SampleStore, registry: Registry, metrics: TrainingMetrics, *,
                  config: trainer.TrainConfig, interval: float, min_new: int, max_per_bucket: int,
-                 tolerance: float) -> None:
+                 tolerance: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.registry = registry
         self.metrics = metrics
@@ -163,14 +123,10 @@ class RetrainWorker:
         #: a drift was detected and no retrain has run since (the next one runs early)
         self.drift_retrain_pending = False
         self.recalibrations = 0
-        #: per target: the live factor published with the served bundle, the adaptive one (log
-        #: units, moved by every live pair), and the one the last retrain left (log units)
-        self.live_factor: dict[str, float] = {}
-        self._aci: dict[str, float] = {}
-        self._retrain_log: dict[str, float] = {}
-        self._feedback_total = {t: 0 for t in TARGETS}
-        self._feedback_at = {t: -math.inf for t in TARGETS}
-        self._sync_live_factor(served.manifest if served.source == "learned" else None)
+        #: live pairs from ingestion: the served bundle's live error and the correction's input
+        self.feedback = LiveFeedback(config.quantile)
+        self.correction = LiveCorrection(clock)
+        self.correction.sync(served.manifest if served.source == "learned" else None)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -207,6 +163,11 @@ class RetrainWorker:
             pass
 
     @property
+    def live_factor(self) -> dict[str, float]:
+        """Per target, the live factor published with the served bundle."""
+        return self.correction.live_factor
+
+    @property
     def new_samples(self) -> int:
         return max(0, self.store.last_id - self.trained_max_id)
 
@@ -220,52 +181,31 @@ class RetrainWorker:
     def threshold(self) -> tuple[int, str]:
         """New samples needed for a retrain: ``min_new``, a quarter of it while the served
         bundle's live coverage drifts (never zero: no retrain without new data)."""
-        drift = self.metrics.drifting() if self.registry.is_learned else []
+        drift = self.feedback.drifting() if self.registry.is_learned else []
         if drift:
             return max(1, self.min_new // 4), f"live drift on {', '.join(drift)}"
         if self.drift_retrain_pending:
             return max(1, self.min_new // 4), "drift (live recalibration) not yet retrained on"
         return self.min_new, ""
 
-    def _sync_live_factor(self, manifest: Manifest | None) -> None:
-        """Take the live factors of a newly served (retrained or loaded) bundle's manifest."""
-        for t in TARGETS:
-            cal = None if manifest is None else manifest.calibration_of(t)
-            f = 1.0 if cal is None else cal.live
-            self.live_factor[t] = f
-            self._aci[t] = self._retrain_log[t] = math.log(f)
+    def _serve(self, bundle) -> None:
+        """A new bundle is served: metrics follow; live error is tracked for it alone."""
+        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self.feedback.reset_live()
 
     def recalibrate(self) -> CycleReport | None:
         """Move the live factors by the live pairs that arrived since the last cycle, and
         republish the served models when a factor has moved enough; None when nothing was
         published."""
         served = self.registry.served
-        targets = list(served.manifest.models) if served.source == "learned" else []
-        q = served.quantile
-        changed: dict[str, float] = {}
-        for t in TARGETS:
-            actual, predicted = self.metrics.take_feedback(t)  # drained even when unused
-            if t not in targets or not len(actual):
-                continue
-            self._feedback_total[t] += len(actual)
-            self._feedback_at[t] = time.monotonic()
-            self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, q, ACI_STEP, ACI_MAX_MOVE)
-            step = self._aci[t] - math.log(self.live_factor[t])
-            if abs(step) > ACI_REPUBLISH:
-                changed[t] = math.exp(step)
+        changed = self.correction.update(self.feedback, served)
         if not changed:
             return None
-        cal = {t: c.to_json() for t, c in (served.manifest.calibration or {}).items()}
-        for t, f in changed.items():
-            cal[t] = calibration.scale_spec(cal.get(t), f)
-        manifest = served.manifest.updated(calibration=cal, recalibrated={
-            "from": served.version, "factors": changed, "live_factor": {t: math.exp(self._aci[t]) for t in changed}})
+        manifest = self.correction.recalibrated_manifest(served, changed)
         bundle = self.registry.publish(manifest, self.registry.served_files())
-        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
-        for t in changed:
-            self.live_factor[t] = math.exp(self._aci[t])
+        self._serve(bundle)
+        drifted = self.correction.published(changed)
         self.recalibrations += 1
-        drifted = [t for t in changed if abs(self._aci[t] - self._retrain_log.get(t, 0.0)) > DRIFT_LOG]
         if drifted and not self.drift_retrain_pending:
             last = self.store.last_id
             # the live pairs that revealed it are already stored: count them as recent too
@@ -337,7 +277,7 @@ class RetrainWorker:
                                       weights=self._recency_weights(train.ids), stop=self._stop.is_set)
         if not result.models:
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
-        self._hand_over(result, ts)
+        self.correction.hand_over(result, ts, self.registry.served)
         self._phase("evaluate")
         candidate = trainer.loaded_bundle(result)
         served = self.registry.served
@@ -366,33 +306,11 @@ class RetrainWorker:
             training={t: {"n_test": test_counts[t]} for t in test_counts},
             extra={"trained_on": {"max_row_id": ts.max_id, "stored_rows": self.store.rows}})
         bundle = self.registry.publish(manifest, files)
-        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self._serve(bundle)
         self.metrics.set_heldout(cand_scores)
-        self._sync_live_factor(bundle.manifest)
+        self.correction.sync(bundle.manifest)
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
-
-    def _hand_over(self, result: trainer.TrainResult, ts) -> None:
-        """Carry the live correction over to the candidate's models. While live pairs keep it
-        up to date, by level: the candidate is scaled to the served model's level on the most
-        recent stored rows (a drift it has partly absorbed is not counted twice); otherwise the
-        live factor is applied as it is (1 when no live pair was ever seen)."""
-        served = self.registry.served
-        base = None
-        for t in result.models:
-            if t not in result.calibration:
-                continue
-            f = self.live_factor.get(t, 1.0)
-            live = (self._feedback_total[t] >= LEVEL_MIN_FEEDBACK
-                    and time.monotonic() - self._feedback_at[t] <= FEEDBACK_FRESH_S)
-            if live and served.source == "learned" and served.has_model(t):
-                raw = _recent_rows(ts, t, LEVEL_ROWS)
-                if len(raw):
-                    base = base or trainer.loaded_bundle(result)
-                    i = TARGETS.index(t)
-                    f = calibration.level_factor(served.predict(raw)[i], base.predict(raw)[i])
-            if f != 1.0:
-                result.calibration[t] = calibration.scale_spec(result.calibration[t], f)
 
     def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
         """Replace the candidate's models for ``kept`` targets by what is served for them: the
