@@ -22,13 +22,14 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
-from .schema import RAW_COLUMNS
 from .prior import validate_base, validate_prior
+from .schema import RAW_COLUMNS
 
 MANIFEST = "manifest.json"
 MODEL_KINDS = ("xgboost", "lightgbm", "prior")
@@ -56,7 +57,7 @@ class BundleError(ValueError):
 
 
 def make_version(seq: int, when: datetime | None = None) -> str:
-    when = when or datetime.now(timezone.utc)
+    when = when or datetime.now(UTC)
     return f"v{seq:06d}-{when.strftime('%Y%m%dT%H%M%SZ')}"
 
 

@@ -18,7 +18,7 @@ non-negative, so the base never decreases as work is added. Nothing here is pick
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

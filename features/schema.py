@@ -9,9 +9,10 @@ columns, so training and serving can never disagree on a field's meaning.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 #: Bumped whenever the meaning or order of raw columns or model features changes.
 #: A bundle records the schema it was trained with; a server refuses unknown ones.
@@ -157,7 +158,7 @@ def parse_timestamp(value: Any, loc: tuple) -> float | None:
     except ValueError:
         raise FieldError(loc, f"not an RFC 3339 timestamp: {value[:40]!r}", "value_error") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 Parser = Callable[[Any], Any]

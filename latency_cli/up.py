@@ -19,9 +19,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 STARTUP_TIMEOUT_SEC = 60.0
 STOP_TIMEOUT_SEC = 10.0

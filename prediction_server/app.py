@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -23,9 +24,9 @@ from starlette.concurrency import run_in_threadpool
 from features.apidocs import install_api_docs
 from features.schema import row_json_schema
 
+from .batcher import StrictBatcher
 from .metrics import CONTENT_TYPE
 from .reload import CoalescedReload
-from .batcher import StrictBatcher
 from .service import PredictionService
 from .settings import Settings
 from .sync import BundleSync

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import httpx
 

@@ -15,12 +15,23 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from features.schema import FieldError, row_json_schema, training_entry_json_schema
 from features.apidocs import install_api_docs
+from features.schema import FieldError, row_json_schema, training_entry_json_schema
 
-from .bodies import HTTPProblem, InflightBytes, admitted_body, check_flush_access, check_token, field_problem, \
-    from_loopback, parse_bulk, parse_json, require_json, too_busy
 from . import info
+from .bodies import (
+    HTTPProblem,
+    InflightBytes,
+    admitted_body,
+    check_flush_access,
+    check_token,
+    field_problem,
+    from_loopback,
+    parse_bulk,
+    parse_json,
+    require_json,
+    too_busy,
+)
 from .service import TrainingService
 from .settings import Settings
 from .store import Saturated, StoreClosed

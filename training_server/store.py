@@ -22,10 +22,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class SampleStore:
         self.created_at = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------
-    def open(self) -> "SampleStore":
+    def open(self) -> SampleStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path)
         conn.executescript(_SCHEMA)

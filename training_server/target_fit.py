@@ -22,7 +22,8 @@ refitted on all rows and the calibration kept.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

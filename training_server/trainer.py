@@ -29,9 +29,10 @@ Recipes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class TrainResult:
     n_train: dict[str, int]
     train_seconds: float
     base: dict[str, dict] = field(default_factory=dict)  # target -> {"intercept", "coef", "link"}
-    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def mode(self) -> str:
