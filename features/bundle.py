@@ -245,7 +245,7 @@ def write_bundle(root: Path, manifest: dict, files: Mapping[str, bytes]) -> Path
     root.mkdir(parents=True, exist_ok=True)
     manifest = dict(manifest)
     models = {t: dict(spec) for t, spec in manifest.get("models", {}).items()}
-    for target, spec in models.items():
+    for spec in models.values():
         data = files[spec["file"]]
         spec["size"] = len(data)
         spec["sha256"] = sha256_bytes(data)
@@ -293,7 +293,7 @@ def read_bundle(path: Path, max_bytes: int | None = None) -> tuple[dict, dict[st
     if max_bytes is not None and declared_bytes(manifest) > max_bytes:
         raise BundleError(f"{path}: model files declare {declared_bytes(manifest)} bytes > limit {max_bytes}")
     files: dict[str, bytes] = {}
-    for target, spec in manifest["models"].items():
+    for spec in manifest["models"].values():
         try:
             with open(path / spec["file"], "rb") as f:
                 data = f.read(spec["size"] + 1)

@@ -99,8 +99,10 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     ap.add_argument("--prediction-port", type=int, metavar="PORT",
                     help="first prediction server port; the others follow it (else LATENCY_PREDICTION_PORT, "
                          "else the port after the training server's)")
-    ap.add_argument("--prediction-servers", type=int, default=1, metavar="N", help="number of prediction servers (default 1)")
-    ap.add_argument("--data-dir", help=f"sample store and bundles (else LATENCY_DATA_DIR, else {TrainingSettings.data_dir})")
+    ap.add_argument("--prediction-servers", type=int, default=1, metavar="N",
+                    help="number of prediction servers (default 1)")
+    ap.add_argument("--data-dir",
+                    help=f"sample store and bundles (else LATENCY_DATA_DIR, else {TrainingSettings.data_dir})")
     ap.add_argument("--host", default="127.0.0.1", help="bind address for every server (default 127.0.0.1)")
     args = ap.parse_args(argv)
     if not 0 <= args.prediction_servers <= 64:

@@ -309,8 +309,8 @@ class SampleStore:
             return 0
         remove = plan_eviction(counts, excess)
         for s, k in remove.items():
-            conn.execute("DELETE FROM samples WHERE id IN (SELECT id FROM samples WHERE stratum = ? ORDER BY id LIMIT ?)",
-                         (int(s), int(k)))
+            conn.execute("DELETE FROM samples WHERE id IN "
+                         "(SELECT id FROM samples WHERE stratum = ? ORDER BY id LIMIT ?)", (int(s), int(k)))
             counts[s] -= k
         # pre-subtract: the caller adds ``added`` to the mirror after the commit
         for s, k in remove.items():

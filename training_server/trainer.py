@@ -320,7 +320,9 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
         x = model_matrix(r, target, names)
         use_base = config.base and config.recipe == "default"
         models[target], base, cal = fit_target(
-            config, lambda xf, yf, wf, scale: _fit(config, xf, yf, wf, names, target, stop, scale),
+            config,
+            lambda xf, yf, wf, scale, names=names, target=target:
+                _fit(config, xf, yf, wf, names, target, stop, scale),
             r, x, y, w, names, target, prior[target] if use_base else None)
         if base is not None:
             bases[target] = base
