@@ -201,7 +201,7 @@ class Scores(Record):
     by_regime: Mapping[str, Scores] | None = None
 
 
-Scores.NESTED = {"by_regime": per_key(Scores)}  # type: ignore[misc]  # (self-referential)
+Scores.NESTED = {"by_regime": per_key(Scores)}  # set after the class: self-referential
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,12 @@ def declared(cls: type) -> Iterator[tuple[str, Any, Setting]]:
     for f in dataclasses.fields(cls):
         spec = f.metadata.get("setting")
         if spec is not None:
-            if f.default is dataclasses.MISSING:
-                yield f.name, f.default_factory(), spec  # type: ignore[misc,operator]
-            else:
+            if f.default is not dataclasses.MISSING:
                 yield f.name, f.default, spec
+            elif f.default_factory is not dataclasses.MISSING:
+                yield f.name, f.default_factory(), spec
+            else:  # not made by setting(), which gives every field a default or a factory
+                raise TypeError(f"{cls.__name__}.{f.name}: a setting without a default")
 
 
 class EnvSettings:
