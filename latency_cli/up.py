@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[up] ready; Ctrl-C stops all servers", flush=True)
         while not stopping:
             for c in children:
-                if c.proc.poll() is not None:
+                if c.proc is not None and c.proc.poll() is not None:  # (every child was started above)
                     print(f"[up] {c.name} exited with code {c.proc.returncode}; stopping the others", file=sys.stderr)
                     return 1
             time.sleep(0.3)

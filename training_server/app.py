@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -116,7 +117,7 @@ def _json_body(schema: dict, required: bool = True) -> dict:
     return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
 
 
-_ERR = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
+_ERR: dict[str, Any] = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
 _BULK_SCHEMA = {"type": "object", "required": ["entries"], "additionalProperties": True,
                 "properties": {"entries": {"type": "array", "items": training_entry_json_schema()}}}
 _FLUSH_SCHEMA = {"type": "object", "additionalProperties": True, "properties": {
@@ -155,7 +156,7 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
     limit = settings.max_body_bytes
     inflight = app.state.inflight = InflightBytes(
         settings.max_inflight_bytes, on_refuse=lambda: _refused(svc, 429))
-    write_errors = {401: _ERR, 413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR}
+    write_errors: dict[int | str, dict[str, Any]] = {401: _ERR, 413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR}
 
     @app.post("/add_training_data_bulk", status_code=202, openapi_extra=_json_body(_BULK_SCHEMA),
               responses={**write_errors, 503: _ERR},
