@@ -115,7 +115,8 @@ function render() {
                   el('span', {class: 'sum'}, op.summary || '')));
       const body = el('div', {class: 'op'});
       if (op.description) body.append(el('p', {}, op.description));
-      if (op.parameters && op.parameters.length) body.append(el('h4', {}, 'Parameters'), el('pre', {}, pretty(op.parameters)));
+      if (op.parameters && op.parameters.length)
+        body.append(el('h4', {}, 'Parameters'), el('pre', {}, pretty(op.parameters)));
       if (op.requestBody) body.append(el('h4', {}, 'Request body'), el('pre', {}, pretty(op.requestBody)));
       body.append(el('h4', {}, 'Responses'), el('pre', {}, pretty(op.responses || {})));
       body.append(el('h4', {}, 'Try it'), tryIt(path, method, op));

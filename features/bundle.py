@@ -22,13 +22,14 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
-from .schema import RAW_COLUMNS
 from .prior import validate_base, validate_prior
+from .schema import RAW_COLUMNS
 
 MANIFEST = "manifest.json"
 MODEL_KINDS = ("xgboost", "lightgbm", "prior")
@@ -56,7 +57,7 @@ class BundleError(ValueError):
 
 
 def make_version(seq: int, when: datetime | None = None) -> str:
-    when = when or datetime.now(timezone.utc)
+    when = when or datetime.now(UTC)
     return f"v{seq:06d}-{when.strftime('%Y%m%dT%H%M%SZ')}"
 
 
@@ -244,7 +245,7 @@ def write_bundle(root: Path, manifest: dict, files: Mapping[str, bytes]) -> Path
     root.mkdir(parents=True, exist_ok=True)
     manifest = dict(manifest)
     models = {t: dict(spec) for t, spec in manifest.get("models", {}).items()}
-    for target, spec in models.items():
+    for spec in models.values():
         data = files[spec["file"]]
         spec["size"] = len(data)
         spec["sha256"] = sha256_bytes(data)
@@ -292,7 +293,7 @@ def read_bundle(path: Path, max_bytes: int | None = None) -> tuple[dict, dict[st
     if max_bytes is not None and declared_bytes(manifest) > max_bytes:
         raise BundleError(f"{path}: model files declare {declared_bytes(manifest)} bytes > limit {max_bytes}")
     files: dict[str, bytes] = {}
-    for target, spec in manifest["models"].items():
+    for spec in manifest["models"].values():
         try:
             with open(path / spec["file"], "rb") as f:
                 data = f.read(spec["size"] + 1)

@@ -8,9 +8,9 @@ each with one thread: servers scale by process, never by OpenMP threads.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class Calibration:
     regime_offset: np.ndarray | None = None
 
     @classmethod
-    def from_spec(cls, spec: TargetCalibration | None) -> "Calibration":
+    def from_spec(cls, spec: TargetCalibration | None) -> Calibration:
         if spec is None:
             return cls()
         cal = cls(spec.factor, spec.offset)
@@ -163,7 +163,7 @@ class LoadedBundle:
     _base: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def builtin_prior(cls, quantile: float = 0.9) -> "LoadedBundle":
+    def builtin_prior(cls, quantile: float = 0.9) -> LoadedBundle:
         """The analytic default used before any bundle exists (version ``prior-default``)."""
         manifest = Manifest(version="prior-default", schema_version=SCHEMA_VERSION, model_kind="prior",
                             objective="quantile", quantile=quantile, mode="streaming", models=MappingProxyType({}),
@@ -172,7 +172,7 @@ class LoadedBundle:
                    quantile=quantile, manifest=manifest)
 
     @classmethod
-    def from_files(cls, manifest: Manifest | Mapping, files: Mapping[str, bytes]) -> "LoadedBundle":
+    def from_files(cls, manifest: Manifest | Mapping, files: Mapping[str, bytes]) -> LoadedBundle:
         """Build from a manifest (typed, or JSON to validate) and its (already
         size/sha256-verified) model files."""
         m = manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)

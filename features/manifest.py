@@ -41,10 +41,11 @@ absent and is written back as ``null``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -197,10 +198,10 @@ class Scores(Record):
     mape: float | None = None
     n: int | None = None
     residual_std: float | None = None
-    by_regime: Mapping[str, "Scores"] | None = None
+    by_regime: Mapping[str, Scores] | None = None
 
 
-Scores.NESTED = {"by_regime": per_key(Scores)}  # type: ignore[misc]  # (self-referential)
+Scores.NESTED = {"by_regime": per_key(Scores)}  # set after the class: self-referential
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ class SeededFrom(Record):
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"lineage": Lineage.from_json}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "SeededFrom":
+    def from_json(cls, obj: Mapping[str, Any]) -> SeededFrom:
         if isinstance(obj, Mapping) and "path" in obj:
             obj = {k: v for k, v in obj.items() if k != "path"}
         return super().from_json(obj)
@@ -273,11 +274,11 @@ class Manifest(Record):
         "trained_on": TrainedOn.from_json}
 
     @classmethod
-    def from_json(cls, obj: Any) -> "Manifest":
+    def from_json(cls, obj: Any) -> Manifest:
         """Validate (BundleError naming the bad key) and parse a manifest's JSON."""
         return super().from_json(validate_manifest(obj))
 
-    def updated(self, **changes: Any) -> "Manifest":
+    def updated(self, **changes: Any) -> Manifest:
         """This manifest with top-level keys replaced by JSON values (None removes a key),
         validated again."""
         obj = self.to_json()
@@ -345,7 +346,7 @@ def build_manifest(*, version: str, model_kind: str, quantile: float, mode: str,
     are made strict JSON (NaN -> null); the result is validated."""
     obj: dict[str, Any] = {
         "version": version,
-        "created_at": created_at or datetime.now(timezone.utc).isoformat(),
+        "created_at": created_at or datetime.now(UTC).isoformat(),
         "schema_version": SCHEMA_VERSION,
         "features": schema_description(feature_set),
         "model_kind": model_kind,

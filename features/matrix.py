@@ -8,8 +8,8 @@ monotone direction physics demands (used as a model constraint and by property t
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 

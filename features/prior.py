@@ -18,7 +18,7 @@ non-negative, so the base never decreases as work is added. Nothing here is pick
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -218,7 +218,8 @@ def fit_linear_quantile(x: np.ndarray, y: np.ndarray, quantile: float, weights: 
     cost = np.r_[np.zeros(p + 1), quantile * w, (1.0 - quantile) * w]
     lo = 0.0 if non_negative else None
     floor = np.zeros(p) if min_rise is None else np.where(scale > 1e-12, np.asarray(min_rise, dtype=np.float64), 0.0)
-    bounds = [(max(lo, f / ys) if f > 0 else lo, None) for f in floor] + [(lo, None)] + [(0.0, None)] * (2 * n)
+    # a positive floor f / ys is the lower bound whether or not the signs are constrained (it is above 0)
+    bounds = [(f / ys if f > 0 else lo, None) for f in floor] + [(lo, None)] + [(0.0, None)] * (2 * n)
     res = linprog(cost, A_eq=a, b_eq=y / ys, bounds=bounds, method="highs")
     if res.status != 0 or res.x is None:
         raise ValueError(f"linear quantile fit failed: {res.message}")

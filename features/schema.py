@@ -9,9 +9,10 @@ columns, so training and serving can never disagree on a field's meaning.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 #: Bumped whenever the meaning or order of raw columns or model features changes.
 #: A bundle records the schema it was trained with; a server refuses unknown ones.
@@ -63,7 +64,8 @@ ROW_FIELDS: tuple[WireField, ...] = (
     WireField("prefill_tokens_in_flight", "int", 0, MAX_INT, required=False, doc="uncached prompt tokens in flight"),
     WireField("decode_tokens_in_flight", "int", 0, MAX_INT, required=False, doc="decode tokens in flight"),
     WireField("encoder_input_size", "int", 0, MAX_INT, required=False, doc="multimodal encoder input size"),
-    WireField("encoder_matched_size", "int", 0, MAX_INT, required=False, doc="cached part of encoder input (<= encoder_input_size)"),
+    WireField("encoder_matched_size", "int", 0, MAX_INT, required=False,
+              doc="cached part of encoder input (<= encoder_input_size)"),
 )
 RAW_COLUMNS: tuple[str, ...] = tuple(f.name for f in ROW_FIELDS)
 COL = {name: i for i, name in enumerate(RAW_COLUMNS)}
@@ -157,7 +159,7 @@ def parse_timestamp(value: Any, loc: tuple) -> float | None:
     except ValueError:
         raise FieldError(loc, f"not an RFC 3339 timestamp: {value[:40]!r}", "value_error") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -184,7 +186,8 @@ def parse_training_entry(obj: Any, loc: tuple = ()) -> TrainingEntry:
             raise FieldError((*loc, f.name), "field required", "missing")
         targets.append(_check_number(value, f, (*loc, f.name)))
     if targets[0] <= 0 and targets[1] <= 0:
-        raise FieldError((*loc, "actual_ttft_ms"), "actual_ttft_ms and actual_tpot_ms are both 0: nothing to learn", "value_error")
+        raise FieldError((*loc, "actual_ttft_ms"), "actual_ttft_ms and actual_tpot_ms are both 0: nothing to learn",
+                         "value_error")
     predicted = []
     for f in PREDICTED_FIELDS:
         value = obj.get(f.name)

@@ -6,7 +6,7 @@ everywhere (share of actuals <= prediction, x 100), in manifests as in metrics.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

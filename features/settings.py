@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 Parser = Callable[[Any], Any]
@@ -69,10 +70,12 @@ def declared(cls: type) -> Iterator[tuple[str, Any, Setting]]:
     for f in dataclasses.fields(cls):
         spec = f.metadata.get("setting")
         if spec is not None:
-            if f.default is dataclasses.MISSING:
-                yield f.name, f.default_factory(), spec  # type: ignore[misc,operator]
-            else:
+            if f.default is not dataclasses.MISSING:
                 yield f.name, f.default, spec
+            elif f.default_factory is not dataclasses.MISSING:
+                yield f.name, f.default_factory(), spec
+            else:  # not made by setting(), which gives every field a default or a factory
+                raise TypeError(f"{cls.__name__}.{f.name}: a setting without a default")
 
 
 class EnvSettings:

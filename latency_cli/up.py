@@ -19,9 +19,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 STARTUP_TIMEOUT_SEC = 60.0
 STOP_TIMEOUT_SEC = 10.0
@@ -99,8 +99,10 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     ap.add_argument("--prediction-port", type=int, metavar="PORT",
                     help="first prediction server port; the others follow it (else LATENCY_PREDICTION_PORT, "
                          "else the port after the training server's)")
-    ap.add_argument("--prediction-servers", type=int, default=1, metavar="N", help="number of prediction servers (default 1)")
-    ap.add_argument("--data-dir", help=f"sample store and bundles (else LATENCY_DATA_DIR, else {TrainingSettings.data_dir})")
+    ap.add_argument("--prediction-servers", type=int, default=1, metavar="N",
+                    help="number of prediction servers (default 1)")
+    ap.add_argument("--data-dir",
+                    help=f"sample store and bundles (else LATENCY_DATA_DIR, else {TrainingSettings.data_dir})")
     ap.add_argument("--host", default="127.0.0.1", help="bind address for every server (default 127.0.0.1)")
     args = ap.parse_args(argv)
     if not 0 <= args.prediction_servers <= 64:
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[up] ready; Ctrl-C stops all servers", flush=True)
         while not stopping:
             for c in children:
-                if c.proc.poll() is not None:
+                if c.proc is not None and c.proc.poll() is not None:  # (every child was started above)
                     print(f"[up] {c.name} exited with code {c.proc.returncode}; stopping the others", file=sys.stderr)
                     return 1
             time.sleep(0.3)

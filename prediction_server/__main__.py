@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if settings.bundle_dir:
         sources.append(f"directory {settings.bundle_dir}")
     if settings.training_server_url:
-        sources.append(f"{redact_url(settings.training_server_url)}/v1/bundles/latest every {settings.sync_interval_sec:g}s")
+        sources.append(f"{redact_url(settings.training_server_url)}/v1/bundles/latest "
+                       f"every {settings.sync_interval_sec:g}s")
     log.info("prediction server listening on http://%s:%d; bundles from %s", settings.host, settings.port,
              " and ".join(sources) or "nowhere (serving the built-in prior)")
     if settings.enable_bench_routes:

@@ -36,7 +36,7 @@ class Rank:
     seq: int
 
     @classmethod
-    def of(cls, manifest: Manifest, version: str, learned: bool) -> "Rank":
+    def of(cls, manifest: Manifest, version: str, learned: bool) -> Rank:
         try:
             seq = version_seq(version)
         except BundleError:  # the built-in prior ("prior-default")
@@ -46,7 +46,7 @@ class Rank:
         return cls(version, True, learned, lid, created, seq)
 
     @classmethod
-    def of_manifest(cls, manifest: Manifest) -> "Rank":
+    def of_manifest(cls, manifest: Manifest) -> Rank:
         """Rank of a manifest (learned when it lists model files)."""
         return cls.of(manifest, manifest.version, bool(manifest.models))
 

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from features.apidocs import install_api_docs
 from features.schema import row_json_schema
 
+from .batcher import StrictBatcher
 from .metrics import CONTENT_TYPE
 from .reload import CoalescedReload
-from .batcher import StrictBatcher
 from .service import PredictionService
 from .settings import Settings
 from .sync import BundleSync
@@ -37,10 +40,8 @@ _THREAD_BODY_BYTES = 256 * 1024
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
-ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
-
-async def _send(send: Callable, status: int, payload: bytes, headers: list | None = None) -> None:
+async def _send(send: Send, status: int, payload: bytes, headers: list | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*(headers or _JSON_HEADERS), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
@@ -59,7 +60,7 @@ def body_handler(handler: Callable[[bytes], tuple[int, bytes]], limit: int, endp
     worker thread)."""
     too_large = _too_large(limit)
 
-    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         for k, v in scope["headers"]:
             if k == b"content-length":
                 if not v.isdigit() or int(v) > limit:
@@ -129,7 +130,7 @@ class _App(FastAPI):
 
     fast_routes: dict[tuple[str, str], ASGIApp]
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler = self.fast_routes.get((scope["method"], scope["path"]))
             if handler is not None:
@@ -240,7 +241,9 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
 
         app.add_api_route(path, documented, methods=["POST"], summary=summary, openapi_extra=doc,
                           include_in_schema=include_in_schema)
-        app.router.routes[-1].app = asgi  # the documented route serves through the same handler
+        route = app.router.routes[-1]  # the one just added (add_api_route's default route class)
+        assert isinstance(route, APIRoute)
+        route.app = asgi  # the documented route serves through the same handler
         app.fast_routes[("POST", path)] = asgi
 
     post("/predict/bulk/strict", service.predict_strict, _doc(s["bulk_body"], s["strict_resp"], 503),

@@ -2,8 +2,9 @@
 
 Used by the prediction-server tests and by ``load/bench_predict.py``: a quick XGBoost or
 LightGBM quantile model per target, trained on the recorded llm-d trace shipped in
-``load/data/llmd-h200-traces/`` (``load.data.SHAREGPT``) with the one feature builder (``features.matrix.model_matrix``),
-saved in the library's native format and written with ``features.bundle.write_bundle``.
+``load/data/llmd-h200-traces/`` (``load.data.SHAREGPT``) with the one feature builder
+(``features.matrix.model_matrix``), saved in the library's native format and written with
+``features.bundle.write_bundle``.
 This is not the production trainer (that is ``training_server``); it only has to produce
 genuine bundles of both kinds.
 """

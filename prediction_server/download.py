@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 import httpx
 
 #: raw bytes read per step
 CHUNK = 64 * 1024
+
+
+class Sink(Protocol):
+    """Where :func:`bounded_get` writes the body (a file, a BytesIO, a hashing wrapper)."""
+
+    def write(self, data: bytes, /) -> object: ...
 
 
 class SyncFailure(Exception):
@@ -51,7 +58,7 @@ class _Gunzip:
                 return
 
 
-def bounded_get(client: httpx.Client, path: str, limit: int, deadline: float, sink: BinaryIO,
+def bounded_get(client: httpx.Client, path: str, limit: int, deadline: float, sink: Sink,
                 headers: dict | None = None) -> int | None:
     """GET ``path`` into ``sink``; returns the number of bytes written, or None for a 304.
     Raises SyncFailure (reasons: http_status, too_large, bad_encoding, timeout, network)."""

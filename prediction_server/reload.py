@@ -11,7 +11,8 @@ a thread. Each sync runs in one thread of the loop's default executor.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class CoalescedReload:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ def field_error(loc: list, msg: str, kind: str = "value_error") -> HTTPError:
 
 
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Served:
     tpot_w: float
 
     @classmethod
-    def of(cls, bundle: LoadedBundle) -> "Served":
+    def of(cls, bundle: LoadedBundle) -> Served:
         model_type = bundle.model_kind if bundle.source == "learned" else "prior"
         last = rfc3339(bundle.loaded_at)
         ut, up = float(bundle.uncertainty("ttft")), float(bundle.uncertainty("tpot"))

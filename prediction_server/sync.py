@@ -34,9 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
-from features.bundle import (BundleError, list_bundles, read_bundle, read_manifest,
-                             verify_digest, version_seq)
-
+from features.bundle import BundleError, list_bundles, read_bundle, read_manifest, verify_digest, version_seq
 from features.loaded import LoadedBundle
 from features.manifest import Manifest, ModelFile
 

@@ -10,7 +10,7 @@ import pytest
 from features import FieldError, RAW_COLUMNS, model_matrix, parse_row, parse_training_entry, raw_matrix, row_from_raw
 from features.bundle import BundleError, list_bundles, make_version, prune_bundles, read_bundle, validate_manifest, write_bundle
 from features.matrix import FEATURES, UPSTREAM_FEATURES, monotone_constraints, regimes, schema_description
-from features.prior import DEFAULT_PRIOR, LinearPrior
+from features.prior import DEFAULT_PRIOR, LinearPrior, fit_linear_quantile
 
 BASE = {"kv_cache_percentage": 0.5, "input_token_length": 1000, "num_request_waiting": 2,
         "num_request_running": 3, "num_tokens_generated": 0, "prefix_cache_score": 0.25}
@@ -127,6 +127,21 @@ def test_default_prior_is_monotone_and_positive():
     assert (np.diff(ttft) > 0).all() and (tpot > 0).all()
     with pytest.raises(ValueError, match="unknown feature"):
         LinearPrior({"ttft": {"intercept": 1, "coef": {"bogus": 1}}, "tpot": DEFAULT_PRIOR["tpot"]})
+
+
+def test_linear_quantile_min_rise_without_sign_constraint():
+    """A positive min_rise floors a coefficient also when signs are free (it used to compare
+    the missing lower bound None with the floor and raise TypeError)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (40, 2))
+    y = -1.0 * x[:, 0] + 2.0 * x[:, 1] - 3.0
+    intercept, coef = fit_linear_quantile(x, y, 0.5, non_negative=False)
+    assert intercept == pytest.approx(-3.0) and coef == pytest.approx([-1.0, 2.0])
+    floor = 5.0 / np.abs(x[:, 0]).max()
+    intercept, coef = fit_linear_quantile(x, y, 0.5, non_negative=False, min_rise=np.array([5.0, 0.0]))
+    assert coef[0] >= floor - 1e-9 and intercept < 0  # the floor holds, the intercept may still be negative
+    _, coef = fit_linear_quantile(x, y, 0.5, non_negative=True, min_rise=np.array([5.0, 0.0]))
+    assert coef[0] >= floor - 1e-9 and (coef >= 0).all()
 
 
 def _manifest(seq: int, models: dict | None = None) -> dict:

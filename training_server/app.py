@@ -10,17 +10,29 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from features.schema import FieldError, row_json_schema, training_entry_json_schema
 from features.apidocs import install_api_docs
+from features.schema import FieldError, row_json_schema, training_entry_json_schema
 
-from .bodies import HTTPProblem, InflightBytes, admitted_body, check_flush_access, check_token, field_problem, \
-    from_loopback, parse_bulk, parse_json, require_json, too_busy
 from . import info
+from .bodies import (
+    HTTPProblem,
+    InflightBytes,
+    admitted_body,
+    check_flush_access,
+    check_token,
+    field_problem,
+    from_loopback,
+    parse_bulk,
+    parse_json,
+    require_json,
+    too_busy,
+)
 from .service import TrainingService
 from .settings import Settings
 from .store import Saturated, StoreClosed
@@ -105,7 +117,7 @@ def _json_body(schema: dict, required: bool = True) -> dict:
     return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
 
 
-_ERR = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
+_ERR: dict[str, Any] = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
 _BULK_SCHEMA = {"type": "object", "required": ["entries"], "additionalProperties": True,
                 "properties": {"entries": {"type": "array", "items": training_entry_json_schema()}}}
 _FLUSH_SCHEMA = {"type": "object", "additionalProperties": True, "properties": {
@@ -144,7 +156,7 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
     limit = settings.max_body_bytes
     inflight = app.state.inflight = InflightBytes(
         settings.max_inflight_bytes, on_refuse=lambda: _refused(svc, 429))
-    write_errors = {401: _ERR, 413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR}
+    write_errors: dict[int | str, dict[str, Any]] = {401: _ERR, 413: _ERR, 415: _ERR, 422: _ERR, 429: _ERR}
 
     @app.post("/add_training_data_bulk", status_code=202, openapi_extra=_json_body(_BULK_SCHEMA),
               responses={**write_errors, 503: _ERR},

@@ -27,8 +27,9 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import re
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

@@ -3,7 +3,7 @@
 and ``/data/status``), as functions of the running :class:`~training_server.service.TrainingService`."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from features.matrix import TARGETS
@@ -15,22 +15,22 @@ if TYPE_CHECKING:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-def model_status(svc: "TrainingService") -> dict[str, bool]:
+def model_status(svc: TrainingService) -> dict[str, bool]:
     b = svc.registry.served
     return {t: b.has_model(t) for t in TARGETS}
 
 
-def download_info(svc: "TrainingService") -> dict:
+def download_info(svc: TrainingService) -> dict:
     b = svc.registry.served
     return {"model_type": svc.settings.model_type if b.source == "prior" else b.model_kind,
             "objective_type": b.objective, "model_status": model_status(svc), "quantile": b.quantile,
             "model_version": b.version, "model_source": b.source}
 
 
-def model_info(svc: "TrainingService", name: str) -> dict:
+def model_info(svc: TrainingService, name: str) -> dict:
     if name not in TARGETS:
         raise HTTPProblem(404, f"unknown model {name!r}; known: {list(TARGETS)}")
     b = svc.registry.served
@@ -49,12 +49,12 @@ def model_info(svc: "TrainingService", name: str) -> dict:
             "last_model_load": iso(b.loaded_at)}
 
 
-def models_list(svc: "TrainingService") -> dict:
+def models_list(svc: TrainingService) -> dict:
     return {"models": [model_info(svc, t) for t in TARGETS], "served_version": svc.registry.served.version,
             "bundles": svc.registry.versions()}
 
 
-def xgb_json(svc: "TrainingService", target: str) -> bytes:
+def xgb_json(svc: TrainingService, target: str) -> bytes:
     b = svc.registry.served
     if b.model_kind != "xgboost" or not b.has_model(target):
         raise HTTPProblem(404, f"no XGBoost {target} model is served (model_kind={b.model_kind})")
@@ -75,7 +75,7 @@ def xgb_json(svc: "TrainingService", target: str) -> bytes:
     return cached
 
 
-def data_status(svc: "TrainingService") -> dict:
+def data_status(svc: TrainingService) -> dict:
     w = svc.worker
     counts = svc.store.target_counts()
     return {"stored_rows": svc.store.rows, "max_stored_samples": svc.settings.max_stored_samples,

@@ -5,7 +5,7 @@ worker's :class:`~training_server.feedback.LiveFeedback` and passed to :meth:`re
 from __future__ import annotations
 
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 

@@ -12,11 +12,22 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
-from features.bundle import (FILE_RE, MANIFEST, VERSION_RE, BundleError, list_bundles, make_version, prune_bundles,
-                             read_bundle, verify_file, version_seq, write_bundle)
+from features.bundle import (
+    FILE_RE,
+    MANIFEST,
+    VERSION_RE,
+    BundleError,
+    list_bundles,
+    make_version,
+    prune_bundles,
+    read_bundle,
+    verify_file,
+    version_seq,
+    write_bundle,
+)
 from features.loaded import LoadedBundle
 from features.manifest import Manifest
 

@@ -18,9 +18,10 @@ clock, rows are stamped with ``time.time()`` and live pairs dated with ``time.mo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class IngestResult:
                 "rejected": self.rejected, "errors": self.errors}
 
 
-def prediction_object(bundle: "LoadedBundle", ttft: float, tpot: float, now: float | None = None) -> dict:
+def prediction_object(bundle: LoadedBundle, ttft: float, tpot: float, now: float | None = None) -> dict:
     """One prediction ``p`` (wire-api §1.2) plus model_version and model_source."""
     now = time.time() if now is None else now
     out: dict[str, Any] = {}
@@ -105,7 +106,7 @@ class TrainingService:
         self.started_at = time.time()
 
     # ---- lifecycle ---------------------------------------------------------------------
-    def start(self, run_worker: bool = True) -> "TrainingService":
+    def start(self, run_worker: bool = True) -> TrainingService:
         """Open the store, serve the newest bundle (or the seed, or the prior) and create the
         worker; ``run_worker`` starts its thread (else cycles run only by :meth:`run_cycle`)."""
         self.store.open()
@@ -164,7 +165,7 @@ class TrainingService:
             self.metrics.rejected.labels(kind).inc(n)
         return Batch(valid, errors, i)
 
-    def submit(self, batch: Batch) -> "Future[IngestResult]":
+    def submit(self, batch: Batch) -> Future[IngestResult]:
         """Store the valid entries of ``batch``. The future resolves after the durable commit
         (the live pairs of the entries then reach the worker's live feedback), or fails with
         the commit's error. Raises ``store.Saturated`` (queue full) or ``store.StoreClosed``."""
@@ -190,7 +191,7 @@ class TrainingService:
         stored.add_done_callback(committed)
         return done
 
-    def ingest(self, entries: Iterable[Mapping]) -> "Future[IngestResult]":
+    def ingest(self, entries: Iterable[Mapping]) -> Future[IngestResult]:
         """Validate and store wire-format training entries (dicts); see :meth:`submit`."""
         return self.submit(self.validate([list(entries)]))
 
@@ -200,7 +201,7 @@ class TrainingService:
         return self._started().run_once()
 
     # ---- other answers ---------------------------------------------------------------------
-    def flush(self, *, training: bool, test: bool) -> "Future[int]":
+    def flush(self, *, training: bool, test: bool) -> Future[int]:
         """Delete the stored training and/or test rows; resolves to the rows left."""
         if training or test:
             return self.store.flush(training, test)

@@ -22,10 +22,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class SampleStore:
         self.created_at = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------
-    def open(self) -> "SampleStore":
+    def open(self) -> SampleStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path)
         conn.executescript(_SCHEMA)
@@ -309,8 +309,8 @@ class SampleStore:
             return 0
         remove = plan_eviction(counts, excess)
         for s, k in remove.items():
-            conn.execute("DELETE FROM samples WHERE id IN (SELECT id FROM samples WHERE stratum = ? ORDER BY id LIMIT ?)",
-                         (int(s), int(k)))
+            conn.execute("DELETE FROM samples WHERE id IN "
+                         "(SELECT id FROM samples WHERE stratum = ? ORDER BY id LIMIT ?)", (int(s), int(k)))
             counts[s] -= k
         # pre-subtract: the caller adds ``added`` to the mirror after the commit
         for s, k in remove.items():

@@ -22,7 +22,8 @@ refitted on all rows and the calibration kept.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,11 @@ def base_spec(prior: dict, link: str, x: np.ndarray, names: tuple[str, ...]) -> 
     return {**prior, "link": link, "upper": upper_values(x, names, prior["coef"])}
 
 
+def _spec(prior: dict | None, link: str | None, x: np.ndarray, names: tuple[str, ...]) -> dict | None:
+    """:func:`base_spec`, or None for no base (``link`` None; a link is only chosen with a prior)."""
+    return None if link is None or prior is None else base_spec(prior, link, x, names)
+
+
 def _level(spec: dict | None, x: np.ndarray, target: str, names: tuple[str, ...]) -> np.ndarray | float:
     if spec is None:
         return 0.0
@@ -66,7 +72,7 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
     do_cal = (cfg.calibrate and cfg.recipe == "default" and cfg.objective == "quantile"
               and n * cfg.calibration_share >= 20)
     if not do_cal:
-        spec = None if links[0] is None else base_spec(prior, links[0], x, names)
+        spec = _spec(prior, links[0], x, names)
         model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
         return model, spec, None
     k = int(round(n * cfg.calibration_share))
@@ -85,7 +91,7 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
     reg = regimes(r[cal])
     best = None
     for link in links:
-        spec = None if link is None else base_spec(prior, link, x[~cal], names)
+        spec = _spec(prior, link, x[~cal], names)
         model, predict = fit(x[~cal], y[~cal] - _level(spec, x[~cal], target, names), wf, scale)
         pred = predict(x[cal]) + _level(spec, x[cal], target, names)
         if multiplicative:
@@ -96,11 +102,12 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         score = pinball_loss(y[cal], applied, cfg.quantile, wc)
         if best is None or score < best[0]:
             best = (score, link, model, spec, calib)
+    assert best is not None  # links is never empty
     _, link, model, spec, calib = best
     if forward and cfg.calibration_rows.get(target, "newest") == "both":  # and a random share: the larger factor
         rnd = np.zeros(n, dtype=bool)
         rnd[np.random.default_rng(cfg.seed + 17).permutation(n)[:k]] = True
-        spec_r = None if link is None else base_spec(prior, link, x[~rnd], names)
+        spec_r = _spec(prior, link, x[~rnd], names)
         _, predict = fit(x[~rnd], y[~rnd] - _level(spec_r, x[~rnd], target, names),
                          None if w is None else w[~rnd], scale)
         pred = predict(x[rnd]) + _level(spec_r, x[rnd], target, names)
@@ -109,7 +116,7 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
                         if multiplicative else
                         conformal_spec(target, y[rnd] - pred, reg_r, cfg.quantile, weights=w_r))
     if n < cfg.refit_below:  # few rows: refit the chosen model on all of them, keep the calibration
-        spec = None if link is None else base_spec(prior, link, x, names)
+        spec = _spec(prior, link, x, names)
         model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
     return model, spec, calib
 

@@ -29,9 +29,10 @@ Recipes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -136,7 +137,7 @@ class TrainResult:
     n_train: dict[str, int]
     train_seconds: float
     base: dict[str, dict] = field(default_factory=dict)  # target -> {"intercept", "coef", "link"}
-    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def mode(self) -> str:
@@ -149,7 +150,7 @@ class TrainResult:
 
 # ---- fitting ----------------------------------------------------------------------------
 def _xgb_params(cfg: TrainConfig, names: tuple[str, ...], target: str) -> tuple[dict, int]:
-    base = dict(UPSTREAM_XGB if cfg.recipe == "upstream" else DEFAULT_XGB)
+    base: dict[str, Any] = dict(UPSTREAM_XGB if cfg.recipe == "upstream" else DEFAULT_XGB)
     base.update(cfg.params or {})
     rounds = int(base.pop("n_estimators"))
     params: dict[str, Any] = {**base, "nthread": cfg.nthread, "seed": cfg.seed, "verbosity": 0}
@@ -318,9 +319,13 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
                                   max_rows=config.base_rows, weights=w)
         x = model_matrix(r, target, names)
         use_base = config.base and config.recipe == "default"
-        models[target], base, cal = fit_target(
-            config, lambda xf, yf, wf, scale: _fit(config, xf, yf, wf, names, target, stop, scale),
-            r, x, y, w, names, target, prior[target] if use_base else None)
+
+        def fit(xf: np.ndarray, yf: np.ndarray, wf: np.ndarray | None, scale: float,
+                names: tuple[str, ...] = names, target: str = target) -> tuple[bytes, Any]:
+            return _fit(config, xf, yf, wf, names, target, stop, scale)
+
+        models[target], base, cal = fit_target(config, fit, r, x, y, w, names, target,
+                                               prior[target] if use_base else None)
         if base is not None:
             bases[target] = base
         if cal is not None:

@@ -10,8 +10,8 @@ enough when its pinball loss is at most ``(1 + tolerance)`` x the served one (st
 worse than the prior while the prior is served). The first learned bundle must beat the prior
 on every target. After that, a new bundle is published when at least one target's model is
 good enough; a target whose model is not keeps what is served for it (the served model, or
-the served prior), so no target ever regresses beyond the tolerance. Failures are counted and logged; the loop never dies.
-The stop flag is checked between phases and after every boosting round, so shutdown waits
+the served prior), so no target ever regresses beyond the tolerance. Failures are counted and
+logged; the loop never dies. The stop flag is checked between phases and after every boosting round, so shutdown waits
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 
