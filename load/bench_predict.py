@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
 from training_server.trainer import DEFAULT_XGB
 
 HOST = "127.0.0.1"

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import workloads as W
 from .engine import ClusterConfig, Simulation
-from .report import summarize
 from .lora_v1 import LoraV1Router
+from .report import summarize
 from .routers import NATIVE as _NATIVE
 from .scenarios import Scenario
 

@@ -13,7 +13,8 @@ least-queue, oracle; ``lora_v1``).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest
 from epp_client.plugins.prefix import ApproxPrefixProducer

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from .adapters import AdapterSlots, LoraSpec
 from .request import SimRequest
@@ -34,7 +35,7 @@ class Router(Protocol):
 
     name: str
 
-    def bind(self, sim: "Simulation") -> None: ...
+    def bind(self, sim: Simulation) -> None: ...
     def route(self, req: SimRequest, now: float) -> int | None: ...
     def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None: ...
     def on_first_token(self, req: SimRequest, now: float) -> None: ...

@@ -15,9 +15,18 @@ from __future__ import annotations
 
 import collections
 
-from epp_client.flowcontrol import (REJECTED_TTL, BandConfig, EndpointLoad, FlowControl, FlowController,
-                                    GlobalStrictFairness, ProgramAwareFairness, RoundRobinFairness,
-                                    UtilizationDetector, build_flow_control)
+from epp_client.flowcontrol import (
+    REJECTED_TTL,
+    BandConfig,
+    EndpointLoad,
+    FlowControl,
+    FlowController,
+    GlobalStrictFairness,
+    ProgramAwareFairness,
+    RoundRobinFairness,
+    UtilizationDetector,
+    build_flow_control,
+)
 
 from .engine import DEFERRED
 from .request import SimRequest

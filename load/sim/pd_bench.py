@@ -24,8 +24,8 @@ from epp_client.plugins.roles import ROLE_LABEL
 from epp_client.scheduler import Scheduler
 
 from . import workloads as W
-from .engine import ClusterConfig
 from .driver import LifecycleRouter
+from .engine import ClusterConfig
 from .epp_routers import _Sink
 from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
 from .report import summarize

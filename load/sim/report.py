@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -174,7 +175,7 @@ def legend_outside(fig, *axes) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
 
 
-def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, "Figure"]]:
+def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, Figure]]:
     """The report's figures (file name, matplotlib Figure), built without pyplot's global
     state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables. ``shares`` maps
     a load label that is not a number (``native``) to its fraction of capacity."""

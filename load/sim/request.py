@@ -57,7 +57,7 @@ class SimRequest:
         self.seg_base = 0       # its first token
         self.seg_done = 0       # its pages already processed
 
-    def clone(self) -> "SimRequest":
+    def clone(self) -> SimRequest:
         c = SimRequest.__new__(SimRequest)
         for k in SimRequest.__slots__:
             setattr(c, k, getattr(self, k))

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import random
 
-from epp_client.heuristics import (HeuristicScheduler, LeastRequestsScheduler, RandomScheduler,
-                                   RoundRobinScheduler)
+from epp_client.heuristics import HeuristicScheduler, LeastRequestsScheduler, RandomScheduler, RoundRobinScheduler
 
 from .driver import BaseRouter, LifecycleRouter, doc_note  # noqa: F401 (BaseRouter: the engine's router base)
 from .request import SimRequest
