@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['entries_s']:>10.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['retrains']:>8} {r['stored']:>8}")
     sizes = [int(x) for x in args.retrain_sizes.split(",") if x.strip()]
     if sizes:
-        print(f"\n{'stored':>8} {'n_train ttft':>12} {'n_train tpot':>12} {'retrain s':>9} {'peak RSS MB':>11} {'outcome':>9}")
+        print(f"\n{'stored':>8} {'n_train ttft':>12} {'n_train tpot':>12} {'retrain s':>9} {'peak RSS MB':>11} "
+              f"{'outcome':>9}")
         for n in sizes:
             r = _retrain(n)
             print(f"{r['stored']:>8} {r['n_train']['ttft'] or 0:>12} {r['n_train']['tpot'] or 0:>12} "

@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {pr['p99_ms']:.2f} ms; floor {point['noop']['rps']:.0f} req/s", file=sys.stderr)
         if not args.no_swap_check:
             body = json.dumps({"requests": _sample_rows(16)}).encode()
-            results["swap"] = swap_check(server, bundle_dir, body, args.seconds, args.model, args.rounds, args.max_depth)
+            results["swap"] = swap_check(server, bundle_dir, body, args.seconds, args.model, args.rounds,
+                                         args.max_depth)
     finally:
         if server is not None:
             server.stop()

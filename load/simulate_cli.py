@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="replay your own trace instead of a scenario: Mooncake JSONL or Azure LLM inference CSV "
                         "(detected; .gz ok); the scenario name is the file's stem")
     p.add_argument("--servers", type=int, default=None,
-                   help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are given)")
+                   help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are "
+                        "given)")
     p.add_argument("--preset", default=None, help="with --trace: server preset (see --list; default llama3-8b-a100)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
@@ -209,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"native_load": native_note} if native_note else {}),
-            "wall_s": {f"{l}|{p}": w for (l, p), (w, _) in wall.items()},
-            "cpu_s": {f"{l}|{p}": c for (l, p), (_, c) in wall.items()}}
-    summary = {l: {p: {k: v for k, v in m.items()} for p, m in per.items()} for l, per in results.items()}
+            "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},
+            "cpu_s": {f"{lab}|{p}": c for (lab, p), (_, c) in wall.items()}}
+    summary = {lab: {p: {k: v for k, v in m.items()} for p, m in per.items()} for lab, per in results.items()}
     if args.out:
         out = Path(args.out)
         write_results(out, scenario.name, args.seed, summary, meta)

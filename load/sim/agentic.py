@@ -54,7 +54,7 @@ def programs(n: int, seed: int = 0, turns_median: float = 8.0, turns_sigma: floa
         nturns = max(2, min(max_turns, round(rng.lognormvariate(math.log(turns_median), turns_sigma))))
         ctx = system_blocks * W.SEG + W._lognormal_int(rng, task_median, 0.6, 64, 12_000)
         turns, thinks = [], []
-        for k in range(nturns):
+        for _ in range(nturns):
             if ctx > max_context:
                 break
             n_out = W._lognormal_int(rng, output_median, 0.7, 8, 1500)
@@ -156,7 +156,8 @@ def summarize_programs(driver: AgenticDriver) -> dict:
 
 
 AGENTIC_COLUMNS = (("programs done", "programs_completed", "n"), ("failed", "programs_failed", "n"),
-                   ("completion mean", "program_completion_mean_s", "s"), ("completion p90", "program_completion_p90_s", "s"),
+                   ("completion mean", "program_completion_mean_s", "s"),
+                   ("completion p90", "program_completion_p90_s", "s"),
                    *((f"TTFT turn {lab}", f"ttft_turn_{lab}_mean_ms", "ms") for lab in DEPTH_LABELS),
                    ("prefix hit", "prefix_hit_rate", "pct"), ("wait mean", "queue_wait_mean_s", "s"),
                    ("wait p99", "queue_wait_p99_s", "s"), ("wait max", "queue_wait_max_s", "s"),

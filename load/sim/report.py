@@ -93,7 +93,8 @@ COLUMNS = (("TTFT p50 (s)", "ttft_p50_ms", "s"), ("TTFT p90 (s)", "ttft_p90_ms",
            ("TTFT p99 (s)", "ttft_p99_ms", "s"),
            ("TPOT p50 (ms)", "tpot_p50_ms", "ms"), ("TPOT p90 (ms)", "tpot_p90_ms", "ms"),
            ("TPOT p99 (ms)", "tpot_p99_ms", "ms"),
-           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"), ("SLO att.", "slo_attainment", "pct"),
+           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"),
+           ("SLO att.", "slo_attainment", "pct"),
            ("goodput rps", "goodput_rps", "rps"), ("thrpt rps", "throughput_rps", "rps"),
            ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"))
 
@@ -184,12 +185,12 @@ def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> li
     out = []
     loads = list(results)
     policies = list(dict.fromkeys(p for per in results.values() for p in per))
-    x = [(shares or {}).get(l) or float(l) for l in loads]
+    x = [(shares or {}).get(lab) or float(lab) for lab in loads]
     scale = {"ttft": 1000.0, "tpot": 1.0, "e2e": 1000.0}
     unit = {"ttft": "s", "tpot": "ms", "e2e": "s"}
 
     def series(pol, key, div=1.0):
-        return [results[l].get(pol, {}).get(key, float("nan")) / div for l in loads]
+        return [results[lab].get(pol, {}).get(key, float("nan")) / div for lab in loads]
 
     fig = Figure(figsize=(16, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)
