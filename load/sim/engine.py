@@ -75,7 +75,9 @@ class Simulation:
     def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router,
                  tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
         self.cluster = cluster
-        self.servers = [ModelServer(i, s, cluster.prefix_caching) for i, s in enumerate(cluster.servers)]
+        # a Sequence: a subclass may hold a subclass of ModelServer (PDSimulation: PDModelServer)
+        self.servers: Sequence[ModelServer] = [ModelServer(i, s, cluster.prefix_caching)
+                                               for i, s in enumerate(cluster.servers)]
         if cluster.lora is not None:
             for srv in self.servers:
                 srv.adapters = AdapterSlots(cluster.lora)

@@ -189,6 +189,8 @@ class _Handoff:
 class PDSimulation(Simulation):
     """A ``Simulation`` whose servers have roles (``prefill``, ``decode``, ``prefill-decode``)."""
 
+    servers: list[PDModelServer]
+
     def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router, roles: Sequence[str],
                  link: KVLink, **kw) -> None:
         if len(roles) != len(cluster.servers) or any(r not in ROLES for r in roles):
