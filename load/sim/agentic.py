@@ -15,11 +15,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import workloads as W
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from .engine import Simulation
 
 _PROGRAM_KEY = 4 << 40
 _SYS_BASE = (1 << 40) + 777_000
@@ -90,7 +94,7 @@ class AgenticDriver:
         self.progs = {p.pid: p for p in progs}
         self.slo = slo
         self.spec = spec
-        self.sim = None
+        self.sim: Simulation | None = None
         self.turn_of: dict[int, tuple[int, int]] = {}
         self.requests: list[SimRequest] = []
         self._rid = 0
@@ -121,6 +125,8 @@ class AgenticDriver:
             return
         p.done_turns = k + 1
         if k + 1 < len(p.turns):
+            if self.sim is None:
+                raise RuntimeError("agentic driver: not bound to a simulation (bind() first)")
             self.sim.inject(self._request(p, k + 1, now + p.thinks[k]))
         else:
             p.end = now
