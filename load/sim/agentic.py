@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,7 +82,7 @@ def capacity_programs(progs: list[Program], servers) -> float:
     return W.capacity_rps(flat, servers, prefix_reuse=True) * len(progs) / len(flat)
 
 
-def scaled(progs: list[Program], rate: float) -> list[Program]:
+def scaled(progs: Sequence[Program], rate: float) -> list[Program]:
     """Fresh program objects arriving at ``rate`` programs/s (order and shapes kept)."""
     return [Program(p.pid, p.arrival / rate, p.turns, p.thinks) for p in progs]
 

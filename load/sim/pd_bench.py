@@ -72,6 +72,7 @@ class PDRouter(LifecycleRouter):
         super().on_dispatch(req, idx, now)
         pre = req.ctx[1].picks.get("prefill")
         if pre is not None:   # the approximate prefix producer records every profile's pick
+            assert self.prefix is not None   # make_router builds every PDRouter with prefix=True
             self.prefix.record(pre.name, req.ctx[2])
 
     def stats(self) -> dict:
@@ -85,7 +86,7 @@ _SCORERS = [{"pluginRef": "queue-scorer", "weight": 2}, {"pluginRef": "kv-cache-
 
 
 def pd_config(decider: dict | None, producer: bool = False) -> dict:
-    plugins = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
+    plugins: list[dict] = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
                {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"}, {"type": "max-score-picker"}]
     if producer:
         plugins.append({"type": "predicted-latency-producer",
