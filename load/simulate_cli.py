@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         scenario = _scenario(args)
-        loads = _loads(args.load, native=args.trace is not None)
+        parsed_loads = _loads(args.load, native=args.trace is not None)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                             record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
                             flow_detector=detector,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
+    loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
     native_note = None
-    if any(x is None for _, x in loads):
+    if len(loads) < len(parsed_loads):     # 'native' (None): resolved to the trace's own pace
         from load.sim.trace import native_load
 
         try:
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"simulate: {e}", file=sys.stderr)
             return 2
-        loads = [(label, share if x is None else x) for label, x in loads]
+        loads = [(label, share if x is None else x) for label, x in parsed_loads]
         native_note = (f"load native = the trace's own pace, {share * capacity:.3f} requests/s = "
                        f"{100 * share:.1f}% of capacity ({capacity:.3f} requests/s)")
         print(native_note)
