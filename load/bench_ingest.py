@@ -128,6 +128,8 @@ def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0
                     if t100 is None and sent >= 100:
                         t100 = time.perf_counter()
                 time.sleep(0.02)
+            if t100 is None:
+                raise RuntimeError(f"/readyz answered 200 after only {sent} entries (fewer than 100)")
             return {"seconds": time.perf_counter() - t100, "sent": sent,
                     "version": c.get("/readyz").json()["model_version"]}
     finally:

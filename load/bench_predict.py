@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         for rows in rows_list:
             body = json.dumps({"requests": _sample_rows(rows)}).encode()
             for conc in conc_list:
-                point = {"rows": rows, "concurrency": conc}
+                point: dict = {"rows": rows, "concurrency": conc}
                 for name, path in (("predict", "/predict/bulk/strict"), ("noop", "/bench/noop")):
                     runs = [run_point(server, path, body, rows, conc, args.seconds) for _ in range(args.repeats)]
                     point[name] = _median_point(runs)
