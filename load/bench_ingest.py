@@ -128,6 +128,8 @@ def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0
                     if t100 is None and sent >= 100:
                         t100 = time.perf_counter()
                 time.sleep(0.02)
+            if t100 is None:
+                raise RuntimeError(f"/readyz answered 200 after only {sent} entries (fewer than 100)")
             return {"seconds": time.perf_counter() - t100, "sent": sent,
                     "version": c.get("/readyz").json()["model_version"]}
     finally:
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['entries_s']:>10.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['retrains']:>8} {r['stored']:>8}")
     sizes = [int(x) for x in args.retrain_sizes.split(",") if x.strip()]
     if sizes:
-        print(f"\n{'stored':>8} {'n_train ttft':>12} {'n_train tpot':>12} {'retrain s':>9} {'peak RSS MB':>11} {'outcome':>9}")
+        print(f"\n{'stored':>8} {'n_train ttft':>12} {'n_train tpot':>12} {'retrain s':>9} {'peak RSS MB':>11} "
+              f"{'outcome':>9}")
         for n in sizes:
             r = _retrain(n)
             print(f"{r['stored']:>8} {r['n_train']['ttft'] or 0:>12} {r['n_train']['tpot'] or 0:>12} "

@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
 from training_server.trainer import DEFAULT_XGB
 
 HOST = "127.0.0.1"
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         for rows in rows_list:
             body = json.dumps({"requests": _sample_rows(rows)}).encode()
             for conc in conc_list:
-                point = {"rows": rows, "concurrency": conc}
+                point: dict = {"rows": rows, "concurrency": conc}
                 for name, path in (("predict", "/predict/bulk/strict"), ("noop", "/bench/noop")):
                     runs = [run_point(server, path, body, rows, conc, args.seconds) for _ in range(args.repeats)]
                     point[name] = _median_point(runs)
@@ -278,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {pr['p99_ms']:.2f} ms; floor {point['noop']['rps']:.0f} req/s", file=sys.stderr)
         if not args.no_swap_check:
             body = json.dumps({"requests": _sample_rows(16)}).encode()
-            results["swap"] = swap_check(server, bundle_dir, body, args.seconds, args.model, args.rounds, args.max_depth)
+            results["swap"] = swap_check(server, bundle_dir, body, args.seconds, args.model, args.rounds,
+                                         args.max_depth)
     finally:
         if server is not None:
             server.stop()

@@ -56,12 +56,15 @@ def run_cell(tokens: int, hit: float, n: int, n_endpoints: int, rec_factory, see
         index.produce(hashes, endpoints)
         scores = scorer.score(req, endpoints)
         # max score; with nothing matched anywhere (0% hit) spread round-robin
-        best = max(scores, key=scores.get) if hit > 0 else names[i % n_endpoints]
+        best = max(scores, key=scores.__getitem__) if hit > 0 else names[i % n_endpoints]
         index.record(best, hashes)
         rec.stop(i, started)          # the first ``warm`` decisions are not kept
         if i >= warm:
             hash_s.append(hashed - started[1])
-            matched += endpoints[names.index(best)].prefix_match.match_blocks
+            match = endpoints[names.index(best)].prefix_match
+            if match is None:
+                raise RuntimeError(f"{best}: no prefix match after produce()")   # produce() sets one on each
+            matched += match.match_blocks
     out = rec.summary()
     hash_s.sort()
     out["hash_p50_ms"] = round(1000 * hash_s[len(hash_s) // 2], 4)

@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="replay your own trace instead of a scenario: Mooncake JSONL or Azure LLM inference CSV "
                         "(detected; .gz ok); the scenario name is the file's stem")
     p.add_argument("--servers", type=int, default=None,
-                   help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are given)")
+                   help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are "
+                        "given)")
     p.add_argument("--preset", default=None, help="with --trace: server preset (see --list; default llama3-8b-a100)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         scenario = _scenario(args)
-        loads = _loads(args.load, native=args.trace is not None)
+        parsed_loads = _loads(args.load, native=args.trace is not None)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         bad = [p for p in policies if not bench.is_known(p)]
         if bad or not policies:
@@ -163,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                             record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
                             flow_detector=detector,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
+    loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
     native_note = None
-    if any(x is None for _, x in loads):
+    if len(loads) < len(parsed_loads):     # 'native' (None): resolved to the trace's own pace
         from load.sim.trace import native_load
 
         try:
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"simulate: {e}", file=sys.stderr)
             return 2
-        loads = [(label, share if x is None else x) for label, x in loads]
+        loads = [(label, share if x is None else x) for label, x in parsed_loads]
         native_note = (f"load native = the trace's own pace, {share * capacity:.3f} requests/s = "
                        f"{100 * share:.1f}% of capacity ({capacity:.3f} requests/s)")
         print(native_note)
@@ -209,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"native_load": native_note} if native_note else {}),
-            "wall_s": {f"{l}|{p}": w for (l, p), (w, _) in wall.items()},
-            "cpu_s": {f"{l}|{p}": c for (l, p), (_, c) in wall.items()}}
-    summary = {l: {p: {k: v for k, v in m.items()} for p, m in per.items()} for l, per in results.items()}
+            "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},
+            "cpu_s": {f"{lab}|{p}": c for (lab, p), (_, c) in wall.items()}}
+    summary = {lab: {p: {k: v for k, v in m.items()} for p, m in per.items()} for lab, per in results.items()}
     if args.out:
         out = Path(args.out)
         write_results(out, scenario.name, args.seed, summary, meta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import orjson
 
@@ -22,7 +22,10 @@ def open_data(path: str | Path, binary: bool = False) -> IO:
     when its name ends in ``.gz``."""
     path = Path(path)
     if path.suffix == ".gz":
-        return gzip.open(path, "rb") if binary else gzip.open(path, "rt", encoding="utf-8", newline="")
+        if binary:
+            # a GzipFile has the whole binary-file interface, but typeshed does not declare it an IO[bytes]
+            return cast(IO[bytes], gzip.open(path, "rb"))
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
     return path.open("rb") if binary else path.open(encoding="utf-8", newline="")
 
 

@@ -14,15 +14,14 @@ import argparse
 import logging
 
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
-from gateway.app import build_app
-from gateway.core import Gateway
-from gateway.settings import GatewaySettings
 from epp_client.inflight import InFlightTracker
-from epp_client.plugins import (InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer,
-                                PrefixCacheAffinityFilter)
+from epp_client.plugins import InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
 from epp_client.predictor import PredictorClient
 from epp_client.scheduler import Scheduler, SchedulingProfile
 from epp_client.training import TrainingReporter
+from gateway.app import build_app
+from gateway.core import Gateway
+from gateway.settings import GatewaySettings
 
 POLICIES = ("llmd-default", "llmd-token-load", "predicted")
 

@@ -96,7 +96,7 @@ class AdapterSlots:
             extra += spec.load_ms
         return extra
 
-    def clone(self) -> "AdapterSlots":
+    def clone(self) -> AdapterSlots:
         c = AdapterSlots(self.spec)
         c.resident = OrderedDict(self.resident)
         c.loads, c.evictions, c.skips = self.loads, self.evictions, self.skips

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import workloads as W
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from .engine import Simulation
 
 _PROGRAM_KEY = 4 << 40
 _SYS_BASE = (1 << 40) + 777_000
@@ -54,7 +59,7 @@ def programs(n: int, seed: int = 0, turns_median: float = 8.0, turns_sigma: floa
         nturns = max(2, min(max_turns, round(rng.lognormvariate(math.log(turns_median), turns_sigma))))
         ctx = system_blocks * W.SEG + W._lognormal_int(rng, task_median, 0.6, 64, 12_000)
         turns, thinks = [], []
-        for k in range(nturns):
+        for _ in range(nturns):
             if ctx > max_context:
                 break
             n_out = W._lognormal_int(rng, output_median, 0.7, 8, 1500)
@@ -77,7 +82,7 @@ def capacity_programs(progs: list[Program], servers) -> float:
     return W.capacity_rps(flat, servers, prefix_reuse=True) * len(progs) / len(flat)
 
 
-def scaled(progs: list[Program], rate: float) -> list[Program]:
+def scaled(progs: Sequence[Program], rate: float) -> list[Program]:
     """Fresh program objects arriving at ``rate`` programs/s (order and shapes kept)."""
     return [Program(p.pid, p.arrival / rate, p.turns, p.thinks) for p in progs]
 
@@ -90,7 +95,7 @@ class AgenticDriver:
         self.progs = {p.pid: p for p in progs}
         self.slo = slo
         self.spec = spec
-        self.sim = None
+        self.sim: Simulation | None = None
         self.turn_of: dict[int, tuple[int, int]] = {}
         self.requests: list[SimRequest] = []
         self._rid = 0
@@ -121,6 +126,8 @@ class AgenticDriver:
             return
         p.done_turns = k + 1
         if k + 1 < len(p.turns):
+            if self.sim is None:
+                raise RuntimeError("agentic driver: not bound to a simulation (bind() first)")
             self.sim.inject(self._request(p, k + 1, now + p.thinks[k]))
         else:
             p.end = now
@@ -156,7 +163,8 @@ def summarize_programs(driver: AgenticDriver) -> dict:
 
 
 AGENTIC_COLUMNS = (("programs done", "programs_completed", "n"), ("failed", "programs_failed", "n"),
-                   ("completion mean", "program_completion_mean_s", "s"), ("completion p90", "program_completion_p90_s", "s"),
+                   ("completion mean", "program_completion_mean_s", "s"),
+                   ("completion p90", "program_completion_p90_s", "s"),
                    *((f"TTFT turn {lab}", f"ttft_turn_{lab}_mean_ms", "ms") for lab in DEPTH_LABELS),
                    ("prefix hit", "prefix_hit_rate", "pct"), ("wait mean", "queue_wait_mean_s", "s"),
                    ("wait p99", "queue_wait_p99_s", "s"), ("wait max", "queue_wait_max_s", "s"),

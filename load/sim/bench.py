@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import workloads as W
 from .engine import ClusterConfig, Simulation
-from .report import summarize
 from .lora_v1 import LoraV1Router
+from .report import summarize
 from .routers import NATIVE as _NATIVE
 from .scenarios import Scenario
 
@@ -126,8 +126,11 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     res = sim.run()
     res.extra.update(router.stats())
     if scenario.lora is not None:
-        res.extra["adapter_loads"] = sum(s.adapters.loads for s in sim.servers)
-        res.extra["adapter_evictions"] = sum(s.adapters.evictions for s in sim.servers)
+        slots = [s.adapters for s in sim.servers if s.adapters is not None]
+        if len(slots) != len(sim.servers):
+            raise RuntimeError(f"scenario {scenario.name}: LoRA cluster with a server without adapter slots")
+        res.extra["adapter_loads"] = sum(a.loads for a in slots)
+        res.extra["adapter_evictions"] = sum(a.evictions for a in slots)
     close = getattr(router, "close", None)
     if close is not None:
         close()

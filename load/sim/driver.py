@@ -13,13 +13,17 @@ least-queue, oracle; ``lora_v1``).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest
 from epp_client.plugins.prefix import ApproxPrefixProducer
 
 from .request import SimRequest
 from .workloads import SEG
+
+if TYPE_CHECKING:
+    from .engine import Simulation
 
 #: Simulated wall clock origin for training-entry timestamps (deterministic).
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -38,7 +42,7 @@ class BaseRouter:
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
-        self.sim = None
+        self.sim: Simulation | None = None
 
     def bind(self, sim) -> None:
         self.sim = sim
@@ -127,6 +131,8 @@ class LifecycleRouter(BaseRouter):
             self.learner.bind(clock)
 
     def route(self, req: SimRequest, now: float):
+        if self.sim is None:
+            raise RuntimeError(f"router {self.name!r}: route() before bind()")
         scraped = self.sim.scraped
         eps = self.endpoints
         for i, e in enumerate(eps):
@@ -162,6 +168,7 @@ class LifecycleRouter(BaseRouter):
         ireq, res, hashes = req.ctx
         self.lifecycle.pre_request(ireq, res, now=now)
         if hashes is not None:
+            assert self.prefix is not None   # route() computes hashes only with a prefix producer
             self.prefix.record(self.endpoints[idx].name, hashes)
 
     def on_first_token(self, req: SimRequest, now: float) -> None:

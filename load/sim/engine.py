@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from .adapters import AdapterSlots, LoraSpec
 from .request import SimRequest
@@ -34,7 +35,7 @@ class Router(Protocol):
 
     name: str
 
-    def bind(self, sim: "Simulation") -> None: ...
+    def bind(self, sim: Simulation) -> None: ...
     def route(self, req: SimRequest, now: float) -> int | None: ...
     def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None: ...
     def on_first_token(self, req: SimRequest, now: float) -> None: ...
@@ -74,7 +75,9 @@ class Simulation:
     def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router,
                  tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
         self.cluster = cluster
-        self.servers = [ModelServer(i, s, cluster.prefix_caching) for i, s in enumerate(cluster.servers)]
+        # a Sequence: a subclass may hold a subclass of ModelServer (PDSimulation: PDModelServer)
+        self.servers: Sequence[ModelServer] = [ModelServer(i, s, cluster.prefix_caching)
+                                               for i, s in enumerate(cluster.servers)]
         if cluster.lora is not None:
             for srv in self.servers:
                 srv.adapters = AdapterSlots(cluster.lora)

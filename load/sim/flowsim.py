@@ -14,13 +14,26 @@ is rejected (shed) with upstream's reason. Policy names: ``<router>+<ordering>``
 from __future__ import annotations
 
 import collections
+from typing import TYPE_CHECKING
 
-from epp_client.flowcontrol import (REJECTED_TTL, BandConfig, EndpointLoad, FlowControl, FlowController,
-                                    GlobalStrictFairness, ProgramAwareFairness, RoundRobinFairness,
-                                    UtilizationDetector, build_flow_control)
+from epp_client.flowcontrol import (
+    REJECTED_TTL,
+    BandConfig,
+    EndpointLoad,
+    FlowControl,
+    FlowController,
+    GlobalStrictFairness,
+    ProgramAwareFairness,
+    RoundRobinFairness,
+    UtilizationDetector,
+    build_flow_control,
+)
 
 from .engine import DEFERRED
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from .engine import Simulation
 
 ORDERINGS = ("fcfs", "round-robin", "las", "turn-priority")
 BASE_ALIASES = {"token-load": "llmd-token-load", "default": "llmd-default"}
@@ -42,12 +55,17 @@ class FlowSimRouter:
         self.name = name or inner.name
         self.description = description or getattr(inner, "description", "")
         self.tick_interval_s = getattr(inner, "tick_interval_s", 0.0)
-        self.sim = None
+        self.sim: Simulation | None = None
         self.rejected: collections.Counter = collections.Counter()
         self._wake_at: float | None = None
 
     def now(self) -> float:
         return self.sim.now if self.sim is not None else 0.0
+
+    def _sim(self) -> Simulation:
+        if self.sim is None:
+            raise RuntimeError(f"{self.name}: not bound to a simulation (bind() first)")
+        return self.sim
 
     # ---- engine protocol ------------------------------------------------------------------
     def bind(self, sim) -> None:
@@ -95,17 +113,20 @@ class FlowSimRouter:
         if idx is None:
             self._reject(req, ADMISSION_DENIED, now)
             return False
-        self.sim.dispatch(req, idx, now)
+        self._sim().dispatch(req, idx, now)
         if req.shed:
             self._reject(req, NEVER_FITS, now)
             return False
         return True
 
     def _pump(self, now: float) -> None:
+        if self.flow is None:
+            raise RuntimeError(f"{self.name}: no flow control to pump")   # only woken with flow control
+        sim = self._sim()
         ctl, det = self.flow.controller, self.flow.detector
         for item in ctl.expire():
             self._reject(item.payload, REJECTED_TTL, now)
-        loads = [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in self.sim.scraped]
+        loads = [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in sim.scraped]
         sat = det.saturation(loads, now)
         while True:
             item = ctl.dispatch_next(sat)
@@ -114,14 +135,14 @@ class FlowSimRouter:
             if not self._send(item.payload, now):
                 ctl.on_complete(item.fairness_id, 0, 0, item.priority)   # never reached a server
         if ctl.size:
-            nxt = now + self.sim.cluster.scrape_interval_s
+            nxt = now + sim.cluster.scrape_interval_s
             exp = ctl.next_expiry()
             self._wake(min(nxt, exp) if exp is not None and exp > now else nxt)
 
     def _wake(self, t: float) -> None:
         if self._wake_at is None or t < self._wake_at:
             self._wake_at = t
-            self.sim.wake(t)
+            self._sim().wake(t)
 
     def _reject(self, req: SimRequest, reason: str, now: float) -> None:
         req.shed = True
@@ -168,7 +189,10 @@ def split(policy: str) -> tuple[str, str] | None:
 def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None) -> FlowSimRouter:
     """``<router>+<ordering>``: flow control with one default band using that ordering;
     ``detector``: utilization-detector parameters (camelCase; llm-d's defaults otherwise)."""
-    _, ordering = split(policy)
+    parts = split(policy)
+    if parts is None:
+        raise ValueError(f"{policy!r} is not a flow-control policy (<router>+<ordering>)")
+    _, ordering = parts
     router = FlowSimRouter(inner, None, name=policy)
     pol = _policy(ordering, router.now)
     router.flow = FlowControl(FlowController(BandConfig(pol), request_ttl_s=request_ttl_s, clock=router.now),

@@ -131,7 +131,7 @@ class KVCache:
                 break
         return touched, pages
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         c = KVCache.__new__(KVCache)
         c.num_blocks, c.block_size, c.prefix_caching = self.num_blocks, self.block_size, self.prefix_caching
         c.free, c.lru_pages, c.evicted_pages = self.free, self.lru_pages, self.evicted_pages

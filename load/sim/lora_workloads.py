@@ -9,8 +9,8 @@ is never reused by another).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import workloads as W
 from .adapters import LoraSpec

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epp_client.predictor import InProcessPredictor
 from training_server.service import TrainingService
@@ -29,6 +30,9 @@ from training_server.settings import Settings
 from training_server.trainer import TrainConfig
 
 from .epp_routers import EPOCH
+
+if TYPE_CHECKING:
+    from training_server.worker import RetrainWorker
 
 
 class OnlineLearner:
@@ -68,6 +72,13 @@ class OnlineLearner:
     def bind(self, clock) -> None:
         self._clock = clock
 
+    def _worker(self) -> RetrainWorker:
+        """The service's retrain worker (it exists once the service is started, in ``__init__``)."""
+        worker = self.service.worker
+        if worker is None:
+            raise RuntimeError("the learner's training service has no retrain worker (not started)")
+        return worker
+
     # -- sink protocol -------------------------------------------------------------------
     def add(self, entries: list[dict]) -> None:
         svc = self.service
@@ -100,7 +111,7 @@ class OnlineLearner:
             self.samples_at_first_model = self.samples
             # after the first model, retrain when enough new data arrived (keeps the number of
             # cycles per run bounded by the traffic, not by the simulated duration)
-            worker = self.service.worker
+            worker = self._worker()
             worker.min_new = max(self.min_new, self.periodic_min_new)
 
     def tick(self, now: float) -> None:
@@ -108,7 +119,7 @@ class OnlineLearner:
 
     def stats(self) -> dict:
         self._drain()
-        worker = self.service.worker
+        worker = self._worker()
         return {"retrain_" + k: v for k, v in sorted(self.outcomes.items())} | {
             "served_version": self.service.registry.served.version,
             "first_learned_model_at_s": self.first_learned_at,

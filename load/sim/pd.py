@@ -18,8 +18,8 @@ tuple ``(decode_index, prefill_index or None)``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .engine import ClusterConfig, Simulation
 from .request import SimRequest
@@ -75,7 +75,7 @@ class KVLink:
         return self.latency_ms / 1000.0 + max(0, tokens) * self.kv_bytes_per_token / (self.bandwidth_gbps * 1e9)
 
     @classmethod
-    def for_preset(cls, preset: str, link: str = "rdma-200g", latency_ms: float = 0.0) -> "KVLink":
+    def for_preset(cls, preset: str, link: str = "rdma-200g", latency_ms: float = 0.0) -> KVLink:
         try:
             shape, bw = KV_SHAPES[preset], LINKS_GBPS[link]
         except KeyError as e:
@@ -124,7 +124,7 @@ class PDModelServer(ModelServer):
 class _Handoff:
     """Sits between the engine and a P/D router: runs the prefill phase, then the transfer."""
 
-    def __init__(self, router, sim: "PDSimulation") -> None:
+    def __init__(self, router, sim: PDSimulation) -> None:
         self.inner = router
         self.sim = sim
         self.name = getattr(router, "name", "pd")
@@ -188,6 +188,8 @@ class _Handoff:
 
 class PDSimulation(Simulation):
     """A ``Simulation`` whose servers have roles (``prefill``, ``decode``, ``prefill-decode``)."""
+
+    servers: list[PDModelServer]
 
     def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router, roles: Sequence[str],
                  link: KVLink, **kw) -> None:

@@ -24,8 +24,8 @@ from epp_client.plugins.roles import ROLE_LABEL
 from epp_client.scheduler import Scheduler
 
 from . import workloads as W
-from .engine import ClusterConfig
 from .driver import LifecycleRouter
+from .engine import ClusterConfig
 from .epp_routers import _Sink
 from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
 from .report import summarize
@@ -72,6 +72,7 @@ class PDRouter(LifecycleRouter):
         super().on_dispatch(req, idx, now)
         pre = req.ctx[1].picks.get("prefill")
         if pre is not None:   # the approximate prefix producer records every profile's pick
+            assert self.prefix is not None   # make_router builds every PDRouter with prefix=True
             self.prefix.record(pre.name, req.ctx[2])
 
     def stats(self) -> dict:
@@ -85,7 +86,7 @@ _SCORERS = [{"pluginRef": "queue-scorer", "weight": 2}, {"pluginRef": "kv-cache-
 
 
 def pd_config(decider: dict | None, producer: bool = False) -> dict:
-    plugins = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
+    plugins: list[dict] = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
                {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"}, {"type": "max-score-picker"}]
     if producer:
         plugins.append({"type": "predicted-latency-producer",

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -92,7 +93,8 @@ COLUMNS = (("TTFT p50 (s)", "ttft_p50_ms", "s"), ("TTFT p90 (s)", "ttft_p90_ms",
            ("TTFT p99 (s)", "ttft_p99_ms", "s"),
            ("TPOT p50 (ms)", "tpot_p50_ms", "ms"), ("TPOT p90 (ms)", "tpot_p90_ms", "ms"),
            ("TPOT p99 (ms)", "tpot_p99_ms", "ms"),
-           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"), ("SLO att.", "slo_attainment", "pct"),
+           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"),
+           ("SLO att.", "slo_attainment", "pct"),
            ("goodput rps", "goodput_rps", "rps"), ("thrpt rps", "throughput_rps", "rps"),
            ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"))
 
@@ -174,7 +176,7 @@ def legend_outside(fig, *axes) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=7)
 
 
-def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, "Figure"]]:
+def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> list[tuple[str, Figure]]:
     """The report's figures (file name, matplotlib Figure), built without pyplot's global
     state; TTFT and E2E in seconds, TPOT in milliseconds, like the tables. ``shares`` maps
     a load label that is not a number (``native``) to its fraction of capacity."""
@@ -183,12 +185,12 @@ def figures(results: Mapping, raw: Mapping, shares: Mapping | None = None) -> li
     out = []
     loads = list(results)
     policies = list(dict.fromkeys(p for per in results.values() for p in per))
-    x = [(shares or {}).get(l) or float(l) for l in loads]
+    x = [(shares or {}).get(lab) or float(lab) for lab in loads]
     scale = {"ttft": 1000.0, "tpot": 1.0, "e2e": 1000.0}
     unit = {"ttft": "s", "tpot": "ms", "e2e": "s"}
 
     def series(pol, key, div=1.0):
-        return [results[l].get(pol, {}).get(key, float("nan")) / div for l in loads]
+        return [results[lab].get(pol, {}).get(key, float("nan")) / div for lab in loads]
 
     fig = Figure(figsize=(16, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)

@@ -1,6 +1,12 @@
 """A simulated request: its workload description plus its life on a server."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp_client import InferenceRequest
+    from epp_client.lifecycle import SchedulingResult
+
 
 class SimRequest:
     """Static fields come from the workload; the rest is filled in by the simulation."""
@@ -37,7 +43,8 @@ class SimRequest:
         self.server = -1
         self.dispatch_t = -1.0
         self.shed = False
-        self.ctx = None
+        # the LifecycleRouter's (request, scheduling result, prompt block hashes or None) while in flight
+        self.ctx: tuple[InferenceRequest, SchedulingResult, list | None] | None = None
         self.hit_tokens = -1
         self.preemptions = 0
         self.first_token_t = -1.0
@@ -57,7 +64,7 @@ class SimRequest:
         self.seg_base = 0       # its first token
         self.seg_done = 0       # its pages already processed
 
-    def clone(self) -> "SimRequest":
+    def clone(self) -> SimRequest:
         c = SimRequest.__new__(SimRequest)
         for k in SimRequest.__slots__:
             setattr(c, k, getattr(self, k))

@@ -9,12 +9,15 @@ oracle below. The llm-d policies (``llmd-default``, ``llmd-token-load``,
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
-from epp_client.heuristics import (HeuristicScheduler, LeastRequestsScheduler, RandomScheduler,
-                                   RoundRobinScheduler)
+from epp_client.heuristics import HeuristicScheduler, LeastRequestsScheduler, RandomScheduler, RoundRobinScheduler
 
 from .driver import BaseRouter, LifecycleRouter, doc_note  # noqa: F401 (BaseRouter: the engine's router base)
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from .engine import Simulation
 
 
 class RandomRouter(LifecycleRouter):
@@ -62,8 +65,8 @@ class OracleScheduler(HeuristicScheduler):
 
     def __init__(self, rng: random.Random, decode_probe: int = 4, max_steps: int = 150) -> None:
         super().__init__(rng)
-        self.sim = None
-        self.driver = None
+        self.sim: Simulation | None = None
+        self.driver: LifecycleRouter | None = None
         self.decode_probe = decode_probe
         self.max_steps = max_steps
         self.forward_steps = 0
@@ -74,12 +77,19 @@ class OracleScheduler(HeuristicScheduler):
         """The oracle sees the simulation (true server state) and the simulated request."""
         self.sim, self.driver = sim, driver
 
+    def _sim(self) -> Simulation:
+        if self.sim is None:
+            raise RuntimeError("oracle: not bound to a simulation (its LifecycleRouter binds it)")
+        return self.sim
+
     def order(self, request, candidates):
-        idx = self.route(self.driver.current, self.driver.sim.now)
+        if self.driver is None:
+            raise RuntimeError("oracle: not bound to a LifecycleRouter")
+        idx = self.route(self.driver.current, self._sim().now)   # the driver's simulation: bound together
         return [] if idx is None else [candidates[idx]]
 
     def _probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
-        srv = self.sim.servers[idx].clone()
+        srv = self._sim().servers[idx].clone()
         probe = req.clone()
         probe.reset_progress()
         probe.hit_tokens = -1
@@ -112,7 +122,7 @@ class OracleScheduler(HeuristicScheduler):
         return ttft, tpot
 
     def _step_end(self, idx: int) -> float:
-        return self.sim.servers[idx].busy_until
+        return self._sim().servers[idx].busy_until
 
     def _score(self, req, ttft: float, tpot: float) -> tuple[float, float]:
         if req.ttft_slo_ms > 0 or req.tpot_slo_ms > 0:
@@ -120,11 +130,12 @@ class OracleScheduler(HeuristicScheduler):
                         tpot / req.tpot_slo_ms if req.tpot_slo_ms > 0 else 0.0), ttft)
         return (ttft, tpot)
 
-    def _ttft_bound(self, idx: int, req, now: float) -> float:
-        """Optimistic TTFT: every prompt token ahead of this request in FCFS order (and its
-        own uncached ones) at the best per-token pace of a full step. Waiting requests are
-        credited with today's cache hits (later hits from requests ahead are not foreseen)."""
-        srv = self.sim.servers[idx]
+    def _ttft_bound(self, idx: int, req, now: float) -> tuple[float, int]:
+        """Optimistic TTFT in ms and the prompt tokens it counts: every prompt token ahead of
+        this request in FCFS order (and its own uncached ones) at the best per-token pace of a
+        full step. Waiting requests are credited with today's cache hits (later hits from
+        requests ahead are not foreseen)."""
+        srv = self._sim().servers[idx]
         kv, bs = srv.kv, srv.bs
         ahead = 0
         for r in srv.running:
@@ -140,7 +151,8 @@ class OracleScheduler(HeuristicScheduler):
         return t0 * 1000.0 + ahead * spec.step_ms(b, 0, 0, 0) / b, ahead
 
     def route(self, req, now):
-        n = len(self.sim.servers)
+        servers = self._sim().servers
+        n = len(servers)
         order = list(range(n))
         self.rng.shuffle(order)
         bounds = []
@@ -153,7 +165,7 @@ class OracleScheduler(HeuristicScheduler):
             if best_score is not None and lb >= best_score:
                 self.pruned += 1
                 continue
-            spec = self.sim.servers[i].spec
+            spec = servers[i].spec
             b = spec.max_num_batched_tokens
             if ahead > self.max_steps * b:
                 # too deep a queue to simulate forward: score the optimistic bound, with the

@@ -1,8 +1,8 @@
 """Named scenarios: a workload, a cluster and SLOs (``latency-predictor simulate --list``)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from . import workloads as W
 from .adapters import LoraSpec

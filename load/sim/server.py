@@ -268,7 +268,7 @@ class ModelServer:
                 on_finish(req, t_end)
 
     # -- oracle support -----------------------------------------------------------------
-    def clone(self) -> "ModelServer":
+    def clone(self) -> ModelServer:
         c = ModelServer.__new__(ModelServer)
         c.__dict__.update(self.__dict__)
         c.kv = self.kv.clone()

@@ -12,8 +12,8 @@ Every coefficient is configurable; presets reproduce the calibrated figures.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 #: Llama-3-8B decode attention: 0.038 ms + 2.41 ms per 1e6 B*L per layer, 32 layers (A100, 1.7 TB/s).
 _A_KV_L3_8B_A100 = 2.41e-6 * 32          # ms per KV token read in decode
@@ -82,7 +82,7 @@ class ServerSpec:
         t += self.a_att * prefill_pairs + self.c_fix
         return t / self.speed
 
-    def with_overrides(self, overrides: Mapping) -> "ServerSpec":
+    def with_overrides(self, overrides: Mapping) -> ServerSpec:
         """Copy with some coefficients replaced (unknown keys are an error)."""
         known = set(self.__dataclass_fields__)
         bad = sorted(set(overrides) - known)

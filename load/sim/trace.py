@@ -25,13 +25,12 @@ def trace_format(path: Path) -> str:
     whose header names TIMESTAMP); anything else is a ``TraceError``."""
     with open_trace(path) as f:
         try:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    break
-            else:
-                raise TraceError(f"{path}: empty file")
+            first = next(((n, line) for n, line in enumerate(f, 1) if line.strip()), None)
         except (UnicodeDecodeError, EOFError, OSError) as e:
             raise TraceError(f"{path}: not a text trace ({e})") from None
+        if first is None:
+            raise TraceError(f"{path}: empty file")
+    lineno, line = first
     if line.lstrip().startswith("{"):
         return "mooncake"
     if "TIMESTAMP" in [c.strip() for c in line.split(",")]:

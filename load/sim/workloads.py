@@ -14,9 +14,10 @@ import math
 import random
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from ..data import data_root as data_dir  # noqa: F401  (the one data root; kept under its old name)
 from ..data import open_data
