@@ -19,8 +19,9 @@ gateway's least-load).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from .inflight import InFlightTracker
 from .types import Admission, Endpoint, InferenceRequest

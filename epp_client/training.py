@@ -17,7 +17,8 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -107,7 +108,7 @@ class TrainingReporter:
         self.last_status: int | None = None
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "TrainingReporter":
+    def from_env(cls, **overrides: Any) -> TrainingReporter:
         """Upstream environment variables (B1.7, declared in ``epp_client.settings``); a bad
         value raises SettingsError naming the variable. Keyword overrides win."""
         from .settings import ReporterSettings
@@ -183,7 +184,7 @@ class TrainingReporter:
         self.flush()
         self._pool.close()
 
-    def __enter__(self) -> "TrainingReporter":
+    def __enter__(self) -> TrainingReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

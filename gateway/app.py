@@ -51,7 +51,8 @@ def build_app(gw: Gateway):
                     try:
                         since = max(0, int(part[6:]))
                     except ValueError:
-                        return await _plain(send, 400, b'{"detail":[{"loc":["query","since"],"msg":"must be an integer"}]}')
+                        return await _plain(send, 400,
+                                            b'{"detail":[{"loc":["query","since"],"msg":"must be an integer"}]}')
             return await _plain(send, 200, orjson.dumps(gw.records_since(since)))
         return await _plain(send, 404, b'{"error":"not found"}')
 

@@ -26,8 +26,8 @@ from epp_client.lifecycle import RequestLifecycle
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
-from .metrics import GatewayMetrics
 from .downstream import ClientWatch, Disconnected, TooLarge, read_body
+from .metrics import GatewayMetrics
 from .prompt import BodyError, block_hashes, extract_prompt
 from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
@@ -188,7 +188,7 @@ class Gateway:
             except MidStreamFailure as e:
                 log.info("upstream failed mid-stream, response cut: %s", e)
                 return  # returning before the final body message closes the client connection
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.metrics.upstream_errors.labels(endpoint="*", stage="request-timeout").inc()
                 if client.started:
                     raise  # the client sees a truncated body, never a silent success
@@ -251,7 +251,7 @@ class Gateway:
             except UpstreamFailed:
                 ep.dispatch_failures += 1
                 raise
-            except (httpx.HTTPError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, httpx.HTTPError, OSError) as e:
                 ep.dispatch_failures += 1
                 raise UpstreamFailed("connect" if resp is None else "first-byte",
                                      type(e).__name__ + (f" {e}" if str(e) else "")) from None

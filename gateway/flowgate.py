@@ -24,8 +24,14 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from epp_client.flowcontrol import (REJECTED_TTL, EndpointLoad, FlowControl, ProgramAwareFairness,
-                                    build_flow_control, fairness_id)
+from epp_client.flowcontrol import (
+    REJECTED_TTL,
+    EndpointLoad,
+    FlowControl,
+    ProgramAwareFairness,
+    build_flow_control,
+    fairness_id,
+)
 from epp_client.lifecycle import SchedulingResult
 from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
@@ -127,7 +133,7 @@ class FlowGate:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s if ctl.size else 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ---- lifecycle hooks: forwarded; completions feed the fairness policy -------------------

@@ -13,7 +13,7 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 
 
 
 class GatewayMetrics:
-    def __init__(self, gw: "Gateway") -> None:
+    def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "latency_gateway_"

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView
 from .saturation import USAGE_LIMIT

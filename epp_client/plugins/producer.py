@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import KW_ONLY
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from ..params import Plugin, gt, param
 from ..predictor import BulkPrediction
@@ -115,7 +116,8 @@ class PredictedLatencyProducer(Plugin):
             return ""
         return e.labels.get(self.endpoint_role_label, "") or ""
 
-    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint], now: float) -> tuple[RequestContext, list[dict]]:
+    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint],
+                 now: float) -> tuple[RequestContext, list[dict]]:
         ctx = self._get(request.request_id, now)
         if ctx is None:
             ctx = RequestContext(request.request_id, max(0, int(request.input_tokens)))
@@ -298,7 +300,7 @@ class PredictedLatencyProducer(Plugin):
 
     # -- samples -------------------------------------------------------------------------
     def _timestamp(self) -> str:
-        return datetime.fromtimestamp(self.wall_clock(), timezone.utc).isoformat().replace("+00:00", "Z")
+        return datetime.fromtimestamp(self.wall_clock(), UTC).isoformat().replace("+00:00", "Z")
 
     def _entry(self, ctx: RequestContext, endpoint: str, row: dict, ttft: float, tpot: float) -> dict:
         entry = {k: v for k, v in row.items() if k != "_no_metrics"}
