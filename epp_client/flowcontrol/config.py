@@ -120,7 +120,7 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
                 raise ConfigError(loc, f"plugin {ref!r} is not a {' or '.join(kinds)}")
             return obj
         if ref in kinds:
-            plugins[ref] = FAIRNESS_TYPES[ref](clock=clock) if ref == ProgramAwareFairness.TYPE else kinds[ref]()
+            plugins[ref] = ProgramAwareFairness(clock=clock) if ref == ProgramAwareFairness.TYPE else kinds[ref]()
             return plugins[ref]
         raise ConfigError(loc, f"unknown plugin {ref!r} (define it under plugins, or use one of {', '.join(kinds)})")
 
