@@ -131,11 +131,11 @@ class TrainingReporter:
                 for _ in range(over):
                     self._buf.popleft()
                 self.dropped += over
-            start = self.autostart and self._thread is None
-            if start:
-                self._thread = threading.Thread(target=self._run, name="training-reporter", daemon=True)
-        if start:
-            self._thread.start()
+            thread: threading.Thread | None = None
+            if self.autostart and self._thread is None:
+                thread = self._thread = threading.Thread(target=self._run, name="training-reporter", daemon=True)
+        if thread is not None:
+            thread.start()
 
     def buffered(self) -> int:
         return len(self._buf)
