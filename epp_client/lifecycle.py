@@ -72,7 +72,10 @@ class SchedulingResult:
 
 
 class RequestLifecycle(Protocol):
-    inflight: InFlightTracker | None
+    @property
+    def inflight(self) -> InFlightTracker | None:
+        """The policy's in-flight accounting, if it keeps one (read-only here: an attribute or
+        a property, of this type or a narrower one)."""
 
     def schedule(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
                  now: float | None = None) -> SchedulingResult: ...

@@ -42,8 +42,8 @@ def build_app(gw: Gateway):
                 "inflight_tokens": gw.inflight.snapshot(e.name).tokens,
                 "scrape_failures": e.scrape_failures, "dispatch_failures": e.dispatch_failures,
                 "prefix_lru_size": gw.prefix.size(e.name)} for e in gw.endpoints]))
-        if method == "GET" and path == "/gateway/flow" and callable(getattr(gw.router, "snapshot", None)):
-            return await _plain(send, 200, orjson.dumps(gw.router.snapshot()))
+        if method == "GET" and path == "/gateway/flow" and callable(snapshot := getattr(gw.router, "snapshot", None)):
+            return await _plain(send, 200, orjson.dumps(snapshot()))
         if method == "GET" and path == "/gateway/requests":
             since = 0
             for part in scope.get("query_string", b"").decode().split("&"):

@@ -22,6 +22,7 @@ import httpx
 import orjson
 
 from epp_client.heuristics import LeastLoadScheduler
+from epp_client.inflight import InFlightTracker
 from epp_client.lifecycle import RequestLifecycle
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
@@ -88,7 +89,10 @@ class Gateway:
         # the config's approx-prefix-cache-producer, else one with the gateway's settings
         self.prefix: ApproxPrefixProducer = getattr(self.router, "prefix_producer", None) or ApproxPrefixProducer(
             settings.block_size_tokens, settings.max_prefix_blocks, settings.lru_capacity_per_endpoint)
-        self.inflight = self.router.inflight
+        inflight = self.router.inflight
+        if inflight is None:
+            raise ValueError("the gateway's routing policy needs an in-flight tracker")
+        self.inflight: InFlightTracker = inflight
         bind = getattr(self.router, "bind_endpoints", None)
         if bind is not None:   # flow control reads the scraped state of the candidates
             bind(self.endpoints)
