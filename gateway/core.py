@@ -187,7 +187,7 @@ class Gateway:
             except asyncio.CancelledError:
                 if not client.gone:
                     raise
-                asyncio.current_task().uncancel()
+                client.task.uncancel()  # the current task: the watch's own cancellation, consumed
                 self.metrics.disconnects.labels(stage="response").inc()
             except MidStreamFailure as e:
                 log.info("upstream failed mid-stream, response cut: %s", e)
