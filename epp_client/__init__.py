@@ -30,8 +30,18 @@ Typical use::
 The gateway (top-level ``gateway`` package) and the simulator (``load.sim``) drive every
 routing policy through this lifecycle; this package imports neither.
 """
-from .types import (Admission, ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
-                    LatencyPrediction, PrefixMatch, rank_endpoints)
+from .types import (
+    Admission,
+    ConfigError,
+    EncoderMatch,
+    Endpoint,
+    EndpointMetrics,
+    InferenceRequest,
+    InFlightLoad,
+    LatencyPrediction,
+    PrefixMatch,
+    rank_endpoints,
+)
 
 __all__ = ["Endpoint", "EndpointMetrics", "PrefixMatch", "InFlightLoad", "LatencyPrediction", "InferenceRequest",
            "Admission", "ConfigError", "EncoderMatch", "rank_endpoints"]

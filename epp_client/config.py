@@ -29,15 +29,25 @@ the primary is ``decode`` if present, else the first.
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
 from .flowcontrol.config import FLOW_PLUGIN_TYPES
 from .inflight import InFlightTracker
 from .plugins.pickers import MaxScorePicker
-from .plugins.protocols import (Admitter, Filter, InFlightLoadProducer, PDDecider, Picker, PrefixProducer,
-                                ProfileHandler, Producer, Scorer)
+from .plugins.protocols import (
+    Admitter,
+    Filter,
+    InFlightLoadProducer,
+    PDDecider,
+    Picker,
+    PrefixProducer,
+    Producer,
+    ProfileHandler,
+    Scorer,
+)
 from .plugins.registry import discover, role_of
 from .scheduler import Scheduler, SchedulingProfile, default_profile
 from .types import ConfigError
@@ -130,7 +140,8 @@ class _HandlerSpec:
             if ref is None:
                 continue
             if _role(instances.get(ref)) is not PDDecider:
-                raise ConfigError(f"{loc}.parameters.deciders.{stage}", f"{ref!r} is not a decider plugin of this config")
+                raise ConfigError(f"{loc}.parameters.deciders.{stage}",
+                                  f"{ref!r} is not a decider plugin of this config")
             kw[f"{stage}_decider"] = instances[ref]
         return self.cls(name=self.name, **kw)
 

@@ -16,7 +16,7 @@ define ``order(request, candidates)``: best first, empty to drop the request.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from .inflight import InFlightTracker
 from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .params import Plugin, ge, gt, param
 from .plugins.protocols import InFlightLoadProducer
 from .plugins.registry import plugin
-from .types import PREFILL_PROFILE, Endpoint, InFlightLoad, InferenceRequest
+from .types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad
 
 
 @dataclass

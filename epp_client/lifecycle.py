@@ -19,8 +19,9 @@ gateway's least-load).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from .inflight import InFlightTracker
 from .types import Admission, Endpoint, InferenceRequest
@@ -71,7 +72,10 @@ class SchedulingResult:
 
 
 class RequestLifecycle(Protocol):
-    inflight: InFlightTracker | None
+    @property
+    def inflight(self) -> InFlightTracker | None:
+        """The policy's in-flight accounting, if it keeps one (read-only here: an attribute or
+        a property, of this type or a narrower one)."""
 
     def schedule(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
                  now: float | None = None) -> SchedulingResult: ...

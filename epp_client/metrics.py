@@ -20,7 +20,8 @@ dropped, downsampled, failed), ``epp_training_buffered`` (gauge), ``epp_producer
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector

@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, TypeVar, cast, dataclass_transform
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
 from .types import ConfigError
 

@@ -28,8 +28,9 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import orjson
 
@@ -200,7 +201,7 @@ class PredictorClient:
         self._coalescer: Coalescer | None = None
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "PredictorClient":
+    def from_env(cls, **overrides: Any) -> PredictorClient:
         """Upstream environment variables (B1.6, declared in ``epp_client.settings``); a bad
         value raises SettingsError naming the variable. Keyword overrides win."""
         from .settings import PredictorSettings
@@ -229,7 +230,8 @@ class PredictorClient:
             ttft = [float(p["ttft_ms"]) for p in preds]
             tpot = [float(p["tpot_ms"]) for p in preds]
             first = preds[0] if preds else {}
-            return BulkPrediction(ttft, tpot, str(first.get("model_version") or ""), str(first.get("model_source") or ""))
+            return BulkPrediction(ttft, tpot, str(first.get("model_version") or ""),
+                                  str(first.get("model_source") or ""))
         except _CallFailed:
             raise
         except Exception:

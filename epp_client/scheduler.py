@@ -39,13 +39,14 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .inflight import InFlightTracker
+from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
 from .plugins.pickers import MaxScorePicker
 from .plugins.producer import PredictedLatencyProducer
-from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
 from .plugins.protocols import LifecycleObserver
 from .types import ADMITTED, ConfigError, Endpoint, InferenceRequest
 
@@ -64,7 +65,7 @@ class SchedulingProfile:
     scorers: list = field(default_factory=list)  # [(scorer, weight)]
     picker: Any = None
 
-    def run(self, request: InferenceRequest, endpoints: list[Endpoint]) -> "ProfileResult":
+    def run(self, request: InferenceRequest, endpoints: list[Endpoint]) -> ProfileResult:
         candidates = endpoints
         for f in self.filters:
             candidates = f.filter(request, candidates)
@@ -86,7 +87,8 @@ _DEFAULT_PICKER = MaxScorePicker()
 
 class Scheduler:
     def __init__(self, producer: PredictedLatencyProducer | None = None, admitters: Sequence = (),
-                 profiles: Sequence[SchedulingProfile] | SchedulingProfile = (), inflight: InFlightTracker | None = None,
+                 profiles: Sequence[SchedulingProfile] | SchedulingProfile = (),
+                 inflight: InFlightTracker | None = None,
                  primary_profile: str | None = None, producer_timeout_s: float = PRODUCER_TIMEOUT_S,
                  profile_handler: Any = None, prefix_producer: Any = None) -> None:
         if isinstance(profiles, SchedulingProfile):
@@ -121,7 +123,7 @@ class Scheduler:
     # -- building ------------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping | str, predictor: Any = None, sink: Any = None,
-                    rng: random.Random | None = None, **kwargs: Any) -> "Scheduler":
+                    rng: random.Random | None = None, **kwargs: Any) -> Scheduler:
         from .config import build_scheduler
 
         return build_scheduler(config, predictor=predictor, sink=sink, rng=rng, **kwargs)

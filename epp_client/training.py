@@ -17,7 +17,8 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -107,7 +108,7 @@ class TrainingReporter:
         self.last_status: int | None = None
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "TrainingReporter":
+    def from_env(cls, **overrides: Any) -> TrainingReporter:
         """Upstream environment variables (B1.7, declared in ``epp_client.settings``); a bad
         value raises SettingsError naming the variable. Keyword overrides win."""
         from .settings import ReporterSettings
@@ -130,11 +131,11 @@ class TrainingReporter:
                 for _ in range(over):
                     self._buf.popleft()
                 self.dropped += over
-            start = self.autostart and self._thread is None
-            if start:
-                self._thread = threading.Thread(target=self._run, name="training-reporter", daemon=True)
-        if start:
-            self._thread.start()
+            thread: threading.Thread | None = None
+            if self.autostart and self._thread is None:
+                thread = self._thread = threading.Thread(target=self._run, name="training-reporter", daemon=True)
+        if thread is not None:
+            thread.start()
 
     def buffered(self) -> int:
         return len(self._buf)
@@ -183,7 +184,7 @@ class TrainingReporter:
         self.flush()
         self._pool.close()
 
-    def __enter__(self) -> "TrainingReporter":
+    def __enter__(self) -> TrainingReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -104,7 +104,7 @@ class Endpoint:
     prediction: LatencyPrediction | None = None
     encoder_match: EncoderMatch | None = None
 
-    def clone(self) -> "Endpoint":
+    def clone(self) -> Endpoint:
         """Per-request copy (the director clones candidates at scheduling time)."""
         new = object.__new__(Endpoint)
         new.__dict__.update(self.__dict__)

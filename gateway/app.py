@@ -42,8 +42,8 @@ def build_app(gw: Gateway):
                 "inflight_tokens": gw.inflight.snapshot(e.name).tokens,
                 "scrape_failures": e.scrape_failures, "dispatch_failures": e.dispatch_failures,
                 "prefix_lru_size": gw.prefix.size(e.name)} for e in gw.endpoints]))
-        if method == "GET" and path == "/gateway/flow" and callable(getattr(gw.router, "snapshot", None)):
-            return await _plain(send, 200, orjson.dumps(gw.router.snapshot()))
+        if method == "GET" and path == "/gateway/flow" and callable(snapshot := getattr(gw.router, "snapshot", None)):
+            return await _plain(send, 200, orjson.dumps(snapshot()))
         if method == "GET" and path == "/gateway/requests":
             since = 0
             for part in scope.get("query_string", b"").decode().split("&"):
@@ -51,7 +51,8 @@ def build_app(gw: Gateway):
                     try:
                         since = max(0, int(part[6:]))
                     except ValueError:
-                        return await _plain(send, 400, b'{"detail":[{"loc":["query","since"],"msg":"must be an integer"}]}')
+                        return await _plain(send, 400,
+                                            b'{"detail":[{"loc":["query","since"],"msg":"must be an integer"}]}')
             return await _plain(send, 200, orjson.dumps(gw.records_since(since)))
         return await _plain(send, 404, b'{"error":"not found"}')
 

@@ -22,12 +22,13 @@ import httpx
 import orjson
 
 from epp_client.heuristics import LeastLoadScheduler
+from epp_client.inflight import InFlightTracker
 from epp_client.lifecycle import RequestLifecycle
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
-from .metrics import GatewayMetrics
 from .downstream import ClientWatch, Disconnected, TooLarge, read_body
+from .metrics import GatewayMetrics
 from .prompt import BodyError, block_hashes, extract_prompt
 from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
@@ -88,7 +89,10 @@ class Gateway:
         # the config's approx-prefix-cache-producer, else one with the gateway's settings
         self.prefix: ApproxPrefixProducer = getattr(self.router, "prefix_producer", None) or ApproxPrefixProducer(
             settings.block_size_tokens, settings.max_prefix_blocks, settings.lru_capacity_per_endpoint)
-        self.inflight = self.router.inflight
+        inflight = self.router.inflight
+        if inflight is None:
+            raise ValueError("the gateway's routing policy needs an in-flight tracker")
+        self.inflight: InFlightTracker = inflight
         bind = getattr(self.router, "bind_endpoints", None)
         if bind is not None:   # flow control reads the scraped state of the candidates
             bind(self.endpoints)
@@ -183,12 +187,12 @@ class Gateway:
             except asyncio.CancelledError:
                 if not client.gone:
                     raise
-                asyncio.current_task().uncancel()
+                client.task.uncancel()  # the current task: the watch's own cancellation, consumed
                 self.metrics.disconnects.labels(stage="response").inc()
             except MidStreamFailure as e:
                 log.info("upstream failed mid-stream, response cut: %s", e)
                 return  # returning before the final body message closes the client connection
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.metrics.upstream_errors.labels(endpoint="*", stage="request-timeout").inc()
                 if client.started:
                     raise  # the client sees a truncated body, never a silent success
@@ -251,7 +255,7 @@ class Gateway:
             except UpstreamFailed:
                 ep.dispatch_failures += 1
                 raise
-            except (httpx.HTTPError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, httpx.HTTPError, OSError) as e:
                 ep.dispatch_failures += 1
                 raise UpstreamFailed("connect" if resp is None else "first-byte",
                                      type(e).__name__ + (f" {e}" if str(e) else "")) from None

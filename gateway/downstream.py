@@ -47,7 +47,10 @@ class ClientWatch:
         self.started = False
         self.completed = False
         self.gone = False
-        self._task = asyncio.current_task()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ClientWatch must be created inside the task that handles the request")
+        self._task = task
         self._watcher = asyncio.create_task(self._watch())
 
     async def send(self, msg) -> None:
@@ -65,6 +68,11 @@ class ClientWatch:
                     self.gone = True
                     self._task.cancel()
                 return
+
+    @property
+    def task(self) -> asyncio.Task:
+        """The task that a disconnect cancels (the one that created this watch)."""
+        return self._task
 
     def close(self) -> None:
         self._watcher.cancel()

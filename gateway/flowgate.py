@@ -24,8 +24,14 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from epp_client.flowcontrol import (REJECTED_TTL, EndpointLoad, FlowControl, ProgramAwareFairness,
-                                    build_flow_control, fairness_id)
+from epp_client.flowcontrol import (
+    REJECTED_TTL,
+    EndpointLoad,
+    FlowControl,
+    ProgramAwareFairness,
+    build_flow_control,
+    fairness_id,
+)
 from epp_client.lifecycle import SchedulingResult
 from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
@@ -85,8 +91,7 @@ class FlowGate:
         item, reason = ctl.enqueue(req.request_id, fairness_id(req.headers), req.priority, payload=fut)
         if item is None:
             return _denied(req, reason)
-        self._ensure_dispatcher()
-        self._wake.set()
+        self._ensure_dispatcher().set()
         try:
             reason = await fut
         except asyncio.CancelledError:   # client gone or request timeout while queued: leave the queue
@@ -99,16 +104,19 @@ class FlowGate:
             ctl.on_complete(item.fairness_id, 0, 0, item.priority)
         return result
 
-    def _ensure_dispatcher(self) -> None:
-        if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._dispatcher())
+    def _ensure_dispatcher(self) -> asyncio.Event:
+        """The running dispatcher's wake-up event (a dispatcher is started when none runs)."""
+        wake = self._wake
+        if wake is None or self._task is None or self._task.done():
+            wake = self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._dispatcher(wake))
+        return wake
 
     def _loads(self) -> list[EndpointLoad]:
         return [EndpointLoad(s.metrics.waiting or 0, s.metrics.kv_cache_usage or 0.0,
                              s.scraped_at if s.scraped_at > 0 else None) for s in self.states]
 
-    async def _dispatcher(self) -> None:
+    async def _dispatcher(self, wake: asyncio.Event) -> None:
         ctl = self.flow.controller
         while True:
             for item in ctl.expire():
@@ -124,10 +132,10 @@ class FlowGate:
                     ctl.on_complete(item.fairness_id, 0, 0, item.priority)
                 else:
                     item.payload.set_result("")
-            self._wake.clear()
+            wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s if ctl.size else 1.0)
-            except asyncio.TimeoutError:
+                await asyncio.wait_for(wake.wait(), self.poll_s if ctl.size else 1.0)
+            except TimeoutError:
                 pass
 
     # ---- lifecycle hooks: forwarded; completions feed the fairness policy -------------------

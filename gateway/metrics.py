@@ -1,19 +1,26 @@
 """The gateway's own Prometheus metrics (one registry per gateway, no global state)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # pragma: no cover
     from .core import Gateway
+    from .scrape import EndpointState
+
+def _is_collector(obj: object) -> TypeGuard[Collector]:
+    """Whether ``obj`` has a ``collect()`` for a registry (prometheus_client's Collector protocol)."""
+    return callable(getattr(obj, "collect", None))
+
 
 LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
 class GatewayMetrics:
-    def __init__(self, gw: "Gateway") -> None:
+    def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "latency_gateway_"
@@ -46,12 +53,16 @@ class GatewayMetrics:
         kv = Gauge(p + "endpoint_kv_cache_usage", "Last scraped KV-cache use (fraction)", ["endpoint"], registry=r)
         hit = Gauge(p + "prefix_indexer_hit_ratio", "Share of prompt blocks found in the chosen endpoint's LRU",
                     registry=r)
+
+        def per_endpoint(e: EndpointState) -> None:   # binds ``e`` for the gauges' callbacks
+            inflight.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).requests)
+            inflight_tok.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).tokens)
+            kv.labels(endpoint=e.name).set_function(lambda: e.metrics.kv_cache_usage or 0.0)
+
         for ep in gw.endpoints:
-            inflight.labels(endpoint=ep.name).set_function(lambda e=ep: gw.inflight.snapshot(e.name).requests)
-            inflight_tok.labels(endpoint=ep.name).set_function(lambda e=ep: gw.inflight.snapshot(e.name).tokens)
-            kv.labels(endpoint=ep.name).set_function(lambda e=ep: e.metrics.kv_cache_usage or 0.0)
+            per_endpoint(ep)
         hit.set_function(lambda: gw.prefix.hit_ratio)
-        if callable(getattr(gw.router, "collect", None)):   # e.g. flow control's queues and fairness metrics
+        if _is_collector(gw.router):   # e.g. flow control's queues and fairness metrics
             r.register(gw.router)
 
     def observe(self, path, info, name, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:

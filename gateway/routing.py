@@ -80,6 +80,8 @@ def build_scheduler(settings: GatewaySettings) -> Scheduler:
     from epp_client.predictor import PredictorClient
     from epp_client.training import TrainingReporter
 
+    if settings.config is None:
+        raise ValueError("build_scheduler needs settings.config (the EndpointPickerConfig YAML)")
     text = Path(settings.config).read_text()
     predictor = (PredictorClient(settings.prediction_urls) if settings.prediction_urls
                  else PredictorClient.from_env())

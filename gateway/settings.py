@@ -4,8 +4,9 @@ keyword only. The README's gateway table is ``GatewaySettings.doc_table()``."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from features.settings import (
     EnvSettings,
@@ -83,7 +84,7 @@ class GatewaySettings(EnvSettings):
     objectives: dict[str, int] = setting(None, {}, _objectives)
 
     @classmethod
-    def from_env_and_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> "GatewaySettings":
+    def from_env_and_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewaySettings:
         """``args`` (argparse dict, None = unset; keys that are no setting are ignored)
         wins over the environment."""
         names = {f for f in cls.__dataclass_fields__}

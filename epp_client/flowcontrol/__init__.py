@@ -16,8 +16,7 @@ Public API::
     nxt = fc.controller.dispatch_next(fc.detector.saturation(loads, now))
 """
 from .config import FLOW_PLUGIN_TYPES, FlowControl, build_flow_control
-from .controller import (DROPPED_REASON_HEADER, REJECTED_CAPACITY, REJECTED_TTL, BandConfig, FlowController,
-                         FlowItem)
+from .controller import DROPPED_REASON_HEADER, REJECTED_CAPACITY, REJECTED_TTL, BandConfig, FlowController, FlowItem
 from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView, RoundRobinFairness, fairness_id
 from .program_aware import ProgramAwareFairness, jains_index
 from .saturation import USAGE_LIMIT, EndpointLoad, UtilizationDetector

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..params import parse_duration
 from ..types import ConfigError
@@ -89,7 +90,7 @@ def _keys(loc: str, obj: Any, known: tuple[str, ...]) -> Mapping:
 
 def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] = time.monotonic) -> FlowControl | None:
     """None when the config has no ``flowControl`` section (flow control off)."""
-    from ..config import _load   # late: epp_client.config imports this package
+    from ..config import _load  # late: epp_client.config imports this package
 
     cfg = _load(config)
     if cfg.get("flowControl") is None:
@@ -119,7 +120,7 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
                 raise ConfigError(loc, f"plugin {ref!r} is not a {' or '.join(kinds)}")
             return obj
         if ref in kinds:
-            plugins[ref] = FAIRNESS_TYPES[ref](clock=clock) if ref == ProgramAwareFairness.TYPE else kinds[ref]()
+            plugins[ref] = ProgramAwareFairness(clock=clock) if ref == ProgramAwareFairness.TYPE else kinds[ref]()
             return plugins[ref]
         raise ConfigError(loc, f"unknown plugin {ref!r} (define it under plugins, or use one of {', '.join(kinds)})")
 
@@ -163,7 +164,8 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
             detector = resolve("flowControl.saturationDetector.pluginRef", sd["pluginRef"],
                                {UtilizationDetector.TYPE: UtilizationDetector})
     if detector is None:
-        detector = next((p for p in plugins.values() if isinstance(p, UtilizationDetector)), None) or UtilizationDetector()
+        detector = (next((p for p in plugins.values() if isinstance(p, UtilizationDetector)), None)
+                    or UtilizationDetector())
     controller = FlowController(default, bands, negative, request_ttl_s=ttl,
                                 max_requests=_count("flowControl.maxRequests", fc.get("maxRequests", 0)), clock=clock)
     return FlowControl(controller, detector)

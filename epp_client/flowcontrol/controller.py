@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView
 from .saturation import USAGE_LIMIT
@@ -133,7 +134,9 @@ class FlowController:
     def remove(self, item: FlowItem) -> bool:
         """Take a queued request out (client gone). False when it is no longer queued."""
         band = self.bands.get(item.priority)
-        q = band.queues.get(item.fairness_id) if band is not None else None
+        if band is None:
+            return False
+        q = band.queues.get(item.fairness_id)
         if q is None or item not in q:
             return False
         q.remove(item)

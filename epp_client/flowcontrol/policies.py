@@ -6,8 +6,8 @@ when no flow has a waiting request.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from ..params import Plugin
 

@@ -24,8 +24,8 @@ Metrics (``jains_index``, ``avg_wait_ms``, ``attained_service``): Jain's index
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Callable, Sequence
 
 from ..params import Plugin, ge, gt, one_of, param
 from .policies import DEFAULT_FLOW, QueueView, waiting
@@ -141,7 +141,8 @@ class ProgramAwareFairness(Plugin):
     def _pick_turn(self, ready: list[QueueView], now: float) -> QueueView:
         best, best_score = ready[0], float("-inf")
         for q in ready:
-            score = self.turn_number(q.fairness_id) + self.turn_priority_time_weight * max(0.0, now - q.head_enqueued_at)
+            score = (self.turn_number(q.fairness_id)
+                     + self.turn_priority_time_weight * max(0.0, now - q.head_enqueued_at))
             if score > best_score:
                 best, best_score = q, score
         return best

@@ -11,7 +11,8 @@ scheduling filter, which this project does not implement; it is accepted and kep
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..params import Check, Plugin, ge, gt, param
 
@@ -25,7 +26,8 @@ class EndpointLoad(NamedTuple):
     updated_at: float | None       # when these metrics were taken (None: never)
 
 
-def roofline(waiting: float, kv_cache_usage: float, queue_depth_threshold: float, kv_cache_util_threshold: float) -> float:
+def roofline(waiting: float, kv_cache_usage: float, queue_depth_threshold: float,
+             kv_cache_util_threshold: float) -> float:
     """One endpoint's saturation score: its most constrained resource."""
     return max(waiting / queue_depth_threshold, kv_cache_usage / kv_cache_util_threshold)
 

@@ -26,12 +26,28 @@ from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from .predicted_decider import PredictedPDDecider
 from .prefix import ApproxPrefixProducer
 from .producer import PredictedLatencyProducer
-from .protocols import (Admitter, Filter, InFlightLoadProducer, LifecycleObserver, PDDecider, Picker, PrefixProducer,
-                        ProfileHandler, Producer, Scorer)
+from .protocols import (
+    Admitter,
+    Filter,
+    InFlightLoadProducer,
+    LifecycleObserver,
+    PDDecider,
+    Picker,
+    PrefixProducer,
+    Producer,
+    ProfileHandler,
+    Scorer,
+)
 from .registry import discover, plugin
 from .roles import DecodeFilter, EncodeFilter, PrefillFilter
-from .scorers import (KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer, PrefixCacheScorer, QueueScorer,
-                      composite_scores)
+from .scorers import (
+    KVCacheUtilizationScorer,
+    LatencyScorer,
+    LoraAffinityScorer,
+    PrefixCacheScorer,
+    QueueScorer,
+    composite_scores,
+)
 
 __all__ = [
     "PredictedLatencyProducer", "PrefixCacheAffinityFilter", "SloHeadroomTierFilter", "LatencyScorer", "QueueScorer",

@@ -17,7 +17,8 @@ is ``unknown`` when the request names none. Nothing is counted when decode fails
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..types import ConfigError, Endpoint, InferenceRequest
 from .protocols import ProfileHandler

@@ -3,8 +3,8 @@ never empty for a non-empty input."""
 from __future__ import annotations
 
 import random
-from dataclasses import field
 import sys
+from dataclasses import field
 
 from ..params import Plugin, ge, le, one_of, param, within
 from ..types import ConfigError, Endpoint, InferenceRequest

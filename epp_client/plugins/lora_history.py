@@ -16,7 +16,7 @@ is what lets affinity form before the metrics show it. Not thread-safe (one sche
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..types import Endpoint
 

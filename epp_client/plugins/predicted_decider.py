@@ -73,7 +73,10 @@ class PredictedPDDecider(_Decider):
     def remote_ttft_ms(self, candidate: Endpoint, uncached_tokens: int) -> float:
         """Predicted TTFT of prefilling on ``candidate`` and decoding elsewhere. A prefill-only
         endpoint's TTFT is learned from disaggregated requests' TTFTs, which include the KV
-        transfer and the first decode step: adding the transfer again would count it twice."""
+        transfer and the first decode step: adding the transfer again would count it twice.
+        ``candidate`` must carry a prediction."""
+        if candidate.prediction is None:
+            raise ValueError(f"endpoint {candidate.name!r} has no latency prediction")
         ttft = candidate.prediction.ttft_ms
         return ttft if not _DECODE.accepts(candidate) else ttft + self.transfer_ms(uncached_tokens)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..params import Plugin, gt, param
 from ..types import Endpoint, PrefixMatch

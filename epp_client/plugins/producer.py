@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from ..params import Plugin, gt, param
 from ..predictor import BulkPrediction
@@ -115,7 +116,8 @@ class PredictedLatencyProducer(Plugin):
             return ""
         return e.labels.get(self.endpoint_role_label, "") or ""
 
-    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint], now: float) -> tuple[RequestContext, list[dict]]:
+    def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint],
+                 now: float) -> tuple[RequestContext, list[dict]]:
         ctx = self._get(request.request_id, now)
         if ctx is None:
             ctx = RequestContext(request.request_id, max(0, int(request.input_tokens)))
@@ -136,7 +138,7 @@ class PredictedLatencyProducer(Plugin):
                 tokens, running = e.inflight.tokens, e.inflight.requests
             else:
                 tokens, running = 0, (m.running_requests_size if m is not None else 0)
-            row = {
+            row: dict[str, Any] = {
                 "kv_cache_percentage": m.kv_cache_usage if m is not None else 0.0,
                 "input_token_length": ctx.input_tokens,
                 "num_request_waiting": m.waiting_queue_size if m is not None else 0,
@@ -207,21 +209,27 @@ class PredictedLatencyProducer(Plugin):
         self._store(ctx, now)
 
     # -- PreRequest ------------------------------------------------------------------
-    def pre_request(self, request: InferenceRequest, picks: Any, now: float | None = None) -> None:
+    def pre_request(self, request: InferenceRequest,
+                    picks: Mapping[str, Endpoint] | Endpoint | list[Endpoint] | tuple[Endpoint, ...],
+                    now: float | None = None) -> None:
         """``picks``: {profile name: endpoint} (the first entry, or ``decode``, is the
         primary profile; ``prefill`` is the prefill target), or one Endpoint / a list."""
         now = self.clock() if now is None else now
+        by_profile: Mapping[str, Endpoint]
         if isinstance(picks, Endpoint):
-            picks = {"default": picks}
+            by_profile = {"default": picks}
         elif isinstance(picks, (list, tuple)):
-            picks = {"default": picks[0]} if picks else {}
+            by_profile = {"default": picks[0]} if picks else {}
+        else:
+            by_profile = picks
         ctx = self._get(request.request_id, now)
-        if ctx is None or not picks:
+        if ctx is None or not by_profile:
             return
-        primary = picks.get("decode") or next((e for p, e in picks.items() if p != PREFILL_PROFILE), None)
-        prefill = picks.get(PREFILL_PROFILE)
-        if primary is None:
-            primary = prefill
+        prefill = by_profile.get(PREFILL_PROFILE)
+        primary = by_profile.get("decode") or next((e for p, e in by_profile.items() if p != PREFILL_PROFILE),
+                                                   prefill)
+        if primary is None:  # unreachable: a non-empty mapping has a non-prefill pick or the prefill pick
+            return
         ctx.target = primary.name
         ctx.prefill_target = prefill.name if prefill is not None and prefill is not primary else None
         if ctx.dispatch is not None:  # re-dispatch (retry on another endpoint): move the entry
@@ -298,7 +306,7 @@ class PredictedLatencyProducer(Plugin):
 
     # -- samples -------------------------------------------------------------------------
     def _timestamp(self) -> str:
-        return datetime.fromtimestamp(self.wall_clock(), timezone.utc).isoformat().replace("+00:00", "Z")
+        return datetime.fromtimestamp(self.wall_clock(), UTC).isoformat().replace("+00:00", "Z")
 
     def _entry(self, ctx: RequestContext, endpoint: str, row: dict, ttft: float, tpot: float) -> dict:
         entry = {k: v for k, v in row.items() if k != "_no_metrics"}
@@ -314,8 +322,8 @@ class PredictedLatencyProducer(Plugin):
 
     def _emit_ttft(self, ctx: RequestContext, now: float) -> None:
         name = ctx.prefill_target or ctx.target
-        row = ctx.rows.get(name)
-        if row is None or "_no_metrics" in row or self.sink is None or ctx.ttft_ms <= 0:
+        row = ctx.rows.get(name) if name is not None else None
+        if name is None or row is None or "_no_metrics" in row or self.sink is None or ctx.ttft_ms <= 0:
             self.counters["skipped_samples"] += 1
             return
         self.sink.add([self._entry(ctx, name, row, ctx.ttft_ms, 0.0)])
@@ -324,19 +332,20 @@ class PredictedLatencyProducer(Plugin):
             self.counters["ttft_slo_violations"] += 1
 
     def _emit_tpot(self, ctx: RequestContext, avg_tpot: float, now: float) -> None:
-        row = ctx.rows.get(ctx.target)
-        if row is None or "_no_metrics" in row or self.sink is None:
+        target = ctx.target
+        row = ctx.rows.get(target) if target is not None else None
+        if target is None or row is None or "_no_metrics" in row or self.sink is None:
             self.counters["skipped_samples"] += 1
             return
         row = dict(row, prefix_cache_score=0.0, encoder_input_size=0, encoder_matched_size=0)
-        self.sink.add([self._entry(ctx, ctx.target, row, 0.0, avg_tpot)])
+        self.sink.add([self._entry(ctx, target, row, 0.0, avg_tpot)])
         self.counters["tpot_samples"] += 1
         if 0 < ctx.tpot_slo < avg_tpot:
             self.counters["tpot_slo_violations"] += 1
 
     # -- debug state (B1.8) ----------------------------------------------------------------
     def dump_state(self, max_endpoints: int = 100) -> dict:
-        eps = []
+        eps: list[dict[str, Any]] = []
         for name in self.running.endpoints():
             mt = self.running.min_tpot(name)
             eps.append({"endpoint": name, "runningRequests": self.running.size(name),

@@ -24,9 +24,10 @@ the router-level request lifecycle is :class:`epp_client.lifecycle.RequestLifecy
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from ..types import Admission, Endpoint, InFlightLoad, InferenceRequest
+from ..types import Admission, Endpoint, InferenceRequest, InFlightLoad
 
 
 @runtime_checkable
@@ -113,4 +114,5 @@ class LifecycleObserver(Protocol):
 
 
 #: Every role, in the order the docs list them.
-ROLES: tuple[type, ...] = (Producer, InFlightLoadProducer, PrefixProducer, Admitter, Filter, Scorer, Picker, PDDecider, ProfileHandler)
+ROLES: tuple[type, ...] = (Producer, InFlightLoadProducer, PrefixProducer, Admitter, Filter, Scorer, Picker, PDDecider,
+                           ProfileHandler)

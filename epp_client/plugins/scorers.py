@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..params import Plugin, gt, param, within
-from ..types import ConfigError, Endpoint, InferenceRequest
+from ..types import ConfigError, Endpoint, InferenceRequest, LatencyPrediction
 from .lora_history import LoraRequestHistory
 from .protocols import Scorer
 from .registry import plugin
@@ -76,15 +76,17 @@ class LatencyScorer(Plugin):
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         scores = {e.name: 0.0 for e in endpoints}
-        positive, negative = [], []
+        # (endpoint, its prediction) pairs: only endpoints with a prediction enter a bucket
+        positive: list[tuple[Endpoint, LatencyPrediction]] = []
+        negative: list[tuple[Endpoint, LatencyPrediction]] = []
         for e in endpoints:
             p = e.prediction
             if p is None:
                 continue  # A.2.1: never in the positive bucket
             if p.ttft_headroom_ms < 0 or p.tpot_headroom_ms < 0:
-                negative.append(e)
+                negative.append((e, p))
             else:
-                positive.append(e)
+                positive.append((e, p))
         if not positive and not negative:
             self.fallbacks += 1
             return composite_scores(endpoints, self.composite_kv_weight, self.composite_queue_weight,
@@ -92,37 +94,39 @@ class LatencyScorer(Plugin):
         if positive:
             self._score_bucket(positive, self.headroom_selection_strategy == "most", scores)
             return scores
-        idle = [e for e in negative if e.prediction.dispatched_request_count == 0]
+        idle = [(e, p) for e, p in negative if p.dispatched_request_count == 0]
         if idle:
             self._score_bucket(idle, False, scores)
             return scores
-        tpot_only, ttft_only, both = [], [], []
-        for e in negative:
-            p = e.prediction
+        tpot_only: list[tuple[Endpoint, LatencyPrediction]] = []
+        ttft_only: list[tuple[Endpoint, LatencyPrediction]] = []
+        both: list[tuple[Endpoint, LatencyPrediction]] = []
+        for e, p in negative:
             if p.ttft_headroom_ms >= 0:
-                tpot_only.append(e)
+                tpot_only.append((e, p))
             elif p.tpot_headroom_ms >= 0:
-                ttft_only.append(e)
+                ttft_only.append((e, p))
             else:
-                both.append(e)
+                both.append((e, p))
         self._score_bucket(tpot_only or ttft_only or both, False, scores)
         return scores
 
-    def _score_bucket(self, bucket: list[Endpoint], most: bool, scores: dict[str, float]) -> None:
+    def _score_bucket(self, bucket: list[tuple[Endpoint, LatencyPrediction]], most: bool,
+                      scores: dict[str, float]) -> None:
         wsum = self.ttft_weight + self.tpot_weight
         if wsum <= 0:
             alpha, beta = 1.0, 0.0
         else:
             alpha, beta = self.ttft_weight / wsum, self.tpot_weight / wsum
-        ht = [abs(e.prediction.ttft_headroom_ms) for e in bucket]
-        hp = [abs(e.prediction.tpot_headroom_ms) for e in bucket]
+        ht = [abs(pred.ttft_headroom_ms) for _, pred in bucket]
+        hp = [abs(pred.tpot_headroom_ms) for _, pred in bucket]
         min_t, min_p = min(ht), min(hp)
         r_t, r_p = max(ht) - min_t, max(hp) - min_p
         if r_t <= _EPS and r_p > _EPS:
             alpha, beta = 0.0, 1.0
         elif r_p <= _EPS and r_t > _EPS:
             alpha, beta = 1.0, 0.0
-        for e, t, p in zip(bucket, ht, hp):
+        for (e, _), t, p in zip(bucket, ht, hp):
             n_t = (t - min_t) / r_t if r_t > _EPS else 0.5
             n_p = (p - min_p) / r_p if r_p > _EPS else 0.5
             c = alpha * n_t + beta * n_p
@@ -206,7 +210,7 @@ class LoraAffinityScorer(Plugin):
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         if self.history is not None:
-            return self._score_with_history(request, endpoints)
+            return self._score_with_history(self.history, request, endpoints)
         target = request.target_model
         out = {}
         for e in endpoints:
@@ -223,7 +227,8 @@ class LoraAffinityScorer(Plugin):
                 out[e.name] = 0.0
         return out
 
-    def _score_with_history(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+    def _score_with_history(self, history: LoraRequestHistory, request: InferenceRequest,
+                            endpoints: list[Endpoint]) -> dict[str, float]:
         target = request.target_model
         if not target:
             return {e.name: 1.0 for e in endpoints}
@@ -233,7 +238,7 @@ class LoraAffinityScorer(Plugin):
             running = m.active_lora_adapters if m is not None else frozenset()
             waiting = m.waiting_lora_adapters if m is not None else frozenset()
             max_lora = m.max_active_lora if m is not None else 0
-            sent = self.history.adapters(e.name)
+            sent = history.adapters(e.name)
             if (target in running or target in sent) and not waiting:
                 out[e.name] = 1.0
             elif len(running | sent | waiting) < max_lora:
