@@ -24,7 +24,6 @@ import gc
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from epp_client.config import REFERENCE_CONFIG
 from epp_client.predictor import BulkPrediction, InProcessPredictor, PredictorClient
 from epp_client.scheduler import Scheduler
 from epp_client.training import ListSink
+from load.ports import free_port
 
 
 class StubPredictor:
@@ -143,14 +143,9 @@ async def run_async(sched: Scheduler, workload, warmup: int = 500) -> dict:
     return rec.summary()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start_prediction_server(timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", LATENCY_LOG_LEVEL="warning")
     proc = subprocess.Popen([sys.executable, "-m", "prediction_server", "--host", "127.0.0.1", "--port", str(port),
                              "--training-server-url", ""], env=env, stdout=subprocess.DEVNULL,

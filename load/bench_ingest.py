@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,12 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from load.data import load_entries  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from load.ports import free_port  # noqa: E402
 
 
 def _start(data_dir: Path, port: int, interval: str) -> subprocess.Popen:
@@ -61,7 +55,7 @@ def _start(data_dir: Path, port: int, interval: str) -> subprocess.Popen:
 
 def _point(batch: int, seconds: float, training: bool, entries: list[dict]) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
-    port = _free_port()
+    port = free_port()
     proc = _start(data_dir, port, "0.5" if training else "3600")
     if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})  # the client on the other core
@@ -109,7 +103,7 @@ def _first_model(entries: list[dict], rate: float = 200.0, timeout: float = 30.0
     retraining settings (interval 2 s, 100 new samples); returns the seconds from the 100th
     entry to /readyz = 200 (a learned model published) and the entries sent by then."""
     data_dir = Path(tempfile.mkdtemp(prefix="bench-first-"))
-    port = _free_port()
+    port = free_port()
     proc = _start(data_dir, port, "2")  # the default interval
     step = 50
     try:

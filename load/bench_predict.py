@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,15 +36,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from load.ports import free_port
 from training_server.trainer import DEFAULT_XGB
 
 HOST = "127.0.0.1"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _sample_rows(n: int) -> list[dict]:
@@ -65,7 +60,7 @@ class Server:
     """One prediction server subprocess in local bundle-directory mode."""
 
     def __init__(self, bundle_dir: Path, pin: str | None, sync_interval: float) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "LATENCY_ENABLE_BENCH_ROUTES": "true",
                "TRAINING_SERVER_URL": "", "LATENCY_BUNDLE_DIR": str(bundle_dir),
                "MODEL_SYNC_INTERVAL_SEC": str(sync_interval), "LATENCY_LOG_LEVEL": "warning"}

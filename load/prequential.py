@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from load.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = Path("/tmp/traces/sim-sessions.jsonl")
 WINDOW_S = 10.0
@@ -46,11 +47,6 @@ BAND = 3.0
 #: band of the learned-model windows (evaluation: every 10 s window within 90 ± 5)
 LEARNED_BAND = 5.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(module: str, args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -105,7 +101,7 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
 
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="prequential-"))
-    tport, pport = _free_port(), _free_port()
+    tport, pport = free_port(), free_port()
     tenv = {"LATENCY_LOG_LEVEL": "info", "LATENCY_RETRAINING_INTERVAL_SEC": str(retrain_interval),
             "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100", "LATENCY_QUANTILE_ALPHA": str(quantile),
             "OMP_NUM_THREADS": "1"}

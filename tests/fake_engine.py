@@ -8,7 +8,6 @@ ones completed and which were cancelled by a client disconnect.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 import uvicorn
+
+from load.ports import free_port
 
 
 @dataclass
@@ -153,11 +154,6 @@ async def _serve(send, state, req, chat, n, name):
     await send({"type": "http.response.body", "body": body})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class ServerThread:
     """Run an ASGI app with uvicorn on 127.0.0.1 in a daemon thread."""
@@ -170,7 +166,7 @@ class ServerThread:
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, stop_server, wait_http
+from load.ports import free_port
+from conftest import stop_server, wait_http
 from helm_support import CHART, REPO, argv, by_kind, one, pod_spec, render
 from latency_cli.up import build_children
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -17,14 +16,9 @@ import pytest
 
 from epp_client.predictor import CircuitBreaker, PredictorClient
 from epp_client.training import TrainingReporter, stratified_downsample
-from features.matrix import raw_matrix
 from features.loaded import LoadedBundle
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from features.matrix import raw_matrix
+from load.ports import free_port
 
 
 class InjectServer:

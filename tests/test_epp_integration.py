@@ -22,7 +22,8 @@ from epp_client.config import REFERENCE_CONFIG
 from epp_client.predictor import PredictorClient
 from epp_client.scheduler import Scheduler
 from epp_client.training import TrainingReporter
-from test_epp_client import free_port, inject
+from load.ports import free_port
+from test_epp_client import inject
 
 pytestmark = pytest.mark.slow
 

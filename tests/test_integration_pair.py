@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from conftest import SHAREGPT, free_port, load_jsonl, start_server, stop_server, wait_http
+from load.ports import free_port
+from conftest import SHAREGPT, load_jsonl, start_server, stop_server, wait_http
 
 PRED_KEYS = {"ttft_ms": float, "tpot_ms": float, "ttft_uncertainty": float, "tpot_uncertainty": float,
              "ttft_prediction_bounds": list, "tpot_prediction_bounds": list, "predicted_at": str,

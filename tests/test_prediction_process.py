@@ -20,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from conftest import free_port, start_server, stop_server, wait_http
+from load.ports import free_port
+from conftest import start_server, stop_server, wait_http
 from features.bundle import MANIFEST, list_bundles
 from prediction_server.demo_bundle import build_bundle
 from support.servers import BundleServer

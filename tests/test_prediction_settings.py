@@ -15,7 +15,7 @@ import pytest
 from prediction_server.__main__ import main
 from prediction_server.demo_bundle import build_bundle
 from prediction_server.settings import Settings, SettingsError
-from support.servers import free_port
+from load.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

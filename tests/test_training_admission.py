@@ -12,7 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from conftest import free_port, start_server, stop_server, training_entry as entry, wait_http
+from load.ports import free_port
+from conftest import start_server, stop_server, training_entry as entry, wait_http
 from features.schema import parse_training_entry
 from training_server.app import create_app
 from training_server.settings import Settings

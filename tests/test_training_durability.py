@@ -2,7 +2,6 @@
 SIGTERM shuts down cleanly with the queue committed."""
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -11,18 +10,13 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from load.data import load_entries
+from load.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = load_entries()[:50]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(data_dir: Path, port: int) -> subprocess.Popen:

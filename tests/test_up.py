@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from conftest import REPO, free_port
+from load.ports import free_port
+from conftest import REPO
 from latency_cli.up import build_children, parse_args
 
 

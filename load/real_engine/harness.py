@@ -25,10 +25,12 @@ from pathlib import Path
 
 import httpx
 
+from load.ports import free_port
+
 from .build import build_llama_server, install_model
 from .driver import Result, drive, fetch_records
 from .gateway_policy import POLICIES
-from .procs import Proc, free_port
+from .procs import Proc
 from .stats import engine_speed, pool_rounds, summarize
 from .workload import make_workload
 

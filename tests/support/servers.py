@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 from features.bundle import MANIFEST, list_bundles
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from load.ports import free_port
 
 
 @contextlib.contextmanager
