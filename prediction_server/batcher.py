@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .service import HTTPError, PredictionService, rfc3339
+from features.render import rfc3339
+
+from .service import HTTPError, PredictionService
 
 
 class StrictBatcher:

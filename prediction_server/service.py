@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ import orjson
 from features.loaded import LoadedBundle
 from features.manifest import Manifest
 from features.matrix import raw_matrix
+from features.render import PredictionFields, rfc3339
 from features.schema import COL, RAW_COLUMNS, FieldError, parse_row
 
 from .acceptance import Rank, refusal
@@ -50,55 +50,31 @@ def field_error(loc: list, msg: str, kind: str = "value_error") -> HTTPError:
     return HTTPError(422, [{"loc": loc, "msg": msg, "type": kind}])
 
 
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 @dataclass(frozen=True)
 class Served:
-    """The served bundle with the constant parts of every prediction object precomputed."""
+    """The served bundle, its acceptance rank and its precomputed prediction-object fields."""
 
     bundle: LoadedBundle
     rank: Rank  # what prediction_server.acceptance compares
     learned: bool
-    model_type: str
-    last_model_load: str
-    #: constant trailing fields of a prediction object, in wire order
-    const: tuple
-    ttft_u: float
-    tpot_u: float
-    ttft_w: float  # z * uncertainty
-    tpot_w: float
+    fields: PredictionFields
 
     @classmethod
     def of(cls, bundle: LoadedBundle) -> Served:
-        model_type = bundle.model_kind if bundle.source == "learned" else "prior"
-        last = rfc3339(bundle.loaded_at)
-        ut, up = float(bundle.uncertainty("ttft")), float(bundle.uncertainty("tpot"))
-        z = float(bundle.bound_width)
-        const = (("model_type", model_type), ("objective_type", bundle.objective),
-                 ("quantile", float(bundle.quantile)), ("last_model_load", last),
-                 ("model_version", bundle.version), ("model_source", bundle.source))
         learned = bundle.source == "learned"
-        return cls(bundle, Rank.of(bundle.manifest, bundle.version, learned), learned, model_type, last, const,
-                   ut, up, z * ut, z * up)
+        return cls(bundle, Rank.of(bundle.manifest, bundle.version, learned), learned, PredictionFields.of(bundle))
+
+    @property
+    def model_type(self) -> str:
+        return self.fields.model_type
+
+    @property
+    def last_model_load(self) -> str:
+        return self.fields.last_model_load
 
     def render(self, ttft: np.ndarray, tpot: np.ndarray, predicted_at: str) -> list[dict]:
         """Prediction objects (docs/wire-api.md §1.2 ``p``) for arrays of predictions."""
-        t = ttft.tolist()
-        p = tpot.tolist()
-        t_lo = np.maximum(ttft - self.ttft_w, 0.0).tolist() if self.ttft_w else t
-        t_hi = (ttft + self.ttft_w).tolist() if self.ttft_w else t
-        p_lo = np.maximum(tpot - self.tpot_w, 0.0).tolist() if self.tpot_w else p
-        p_hi = (tpot + self.tpot_w).tolist() if self.tpot_w else p
-        ut, up = self.ttft_u, self.tpot_u
-        (k0, mt), (k1, ob), (k2, q), (k3, lml), (k4, mv), (k5, ms) = self.const
-        return [
-            {"ttft_ms": a, "tpot_ms": b, "ttft_uncertainty": ut, "tpot_uncertainty": up,
-             "ttft_prediction_bounds": [alo, ahi], "tpot_prediction_bounds": [blo, bhi],
-             "predicted_at": predicted_at, k0: mt, k1: ob, k2: q, k3: lml, k4: mv, k5: ms}
-            for a, b, alo, ahi, blo, bhi in zip(t, p, t_lo, t_hi, p_lo, p_hi)
-        ]
+        return self.fields.render(ttft, tpot, predicted_at)
 
 
 def _loads(body: bytes) -> Any:

@@ -74,3 +74,22 @@ def test_the_scan_reads_real_imports():
 @pytest.mark.parametrize("package", SERVERS)
 def test_servers_do_not_import_each_other(package):
     assert forbidden_imports(package) == {}, "move what both servers need to features/"
+
+
+def test_both_servers_render_the_same_prediction_object():
+    """One renderer (features.render): the training server's /predict object equals the
+    prediction server's for the same bundle, prediction and time."""
+    import numpy as np
+
+    from features.loaded import LoadedBundle
+    from features.render import rfc3339
+    from prediction_server.service import Served
+    from training_server.service import prediction_object
+
+    bundle = LoadedBundle.builtin_prior(0.9)
+    now = 1_790_000_000.25
+    ours = prediction_object(bundle, 123.5, 7.25, now=now)
+    theirs = Served.of(bundle).render(np.array([123.5]), np.array([7.25]), rfc3339(now))[0]
+    assert ours == theirs
+    assert ours["predicted_at"] == "2026-09-21T14:13:20.250Z" and ours["model_type"] == "prior"
+    assert ours["ttft_prediction_bounds"][0] <= 123.5 <= ours["ttft_prediction_bounds"][1]

@@ -3,19 +3,15 @@
 and ``/data/status``), as functions of the running :class:`~training_server.service.TrainingService`."""
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from features.matrix import TARGETS
+from features.render import rfc3339
 
 from .bodies import HTTPProblem
 
 if TYPE_CHECKING:
     from .service import TrainingService
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def model_status(svc: TrainingService) -> dict[str, bool]:
@@ -46,7 +42,7 @@ def model_info(svc: TrainingService, name: str) -> dict:
             "metrics": None if scores is None else scores.to_json(),
             "calibration": None if cal is None else cal.to_json(),
             "training": None if training is None else training.to_json(),
-            "last_model_load": iso(b.loaded_at)}
+            "last_model_load": rfc3339(b.loaded_at)}
 
 
 def models_list(svc: TrainingService) -> dict:

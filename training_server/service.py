@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from features.bundle import make_lineage
+from features.render import PredictionFields, rfc3339
 from features.schema import FieldError, TrainingEntry, parse_row, parse_training_entry
 
-from . import info
 from .feedback import LiveFeedback, pair_entries
 from .metrics import TrainingMetrics
 from .registry import Registry
@@ -70,18 +70,10 @@ class IngestResult:
 
 
 def prediction_object(bundle: LoadedBundle, ttft: float, tpot: float, now: float | None = None) -> dict:
-    """One prediction ``p`` (wire-api §1.2) plus model_version and model_source."""
+    """One prediction ``p`` (wire-api §1.2) plus model_version and model_source, exactly as
+    the prediction server renders it."""
     now = time.time() if now is None else now
-    out: dict[str, Any] = {}
-    for t, y in (("ttft", ttft), ("tpot", tpot)):
-        u = bundle.uncertainty(t)
-        out[f"{t}_ms"] = float(y)
-        out[f"{t}_uncertainty"] = u
-        out[f"{t}_prediction_bounds"] = [max(0.0, float(y) - bundle.bound_width * u), float(y) + bundle.bound_width * u]
-    out.update(predicted_at=info.iso(now), model_type=bundle.model_kind, objective_type=bundle.objective,
-               quantile=bundle.quantile, last_model_load=info.iso(bundle.loaded_at), model_version=bundle.version,
-               model_source=bundle.source)
-    return out
+    return PredictionFields.of(bundle).render(np.array([float(ttft)]), np.array([float(tpot)]), rfc3339(now))[0]
 
 
 class TrainingService:
