@@ -260,6 +260,35 @@ def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     np.testing.assert_allclose(bundle.predict(raw[:50])[0], LoadedBundle.builtin_prior().predict(raw[:50])[0])
 
 
+def test_the_first_learned_bundle_publishes_the_targets_that_beat_the_prior(parts):
+    """TTFT learned from the recorded trace beats the built-in prior; TPOT is set to exactly
+    what the built-in prior predicts, so no learned model can beat it on held-out rows. The
+    first bundle goes out with the learned TTFT and keeps serving the prior for TPOT."""
+    from features.loaded import LoadedBundle
+    from features.prior import DEFAULT_PRIOR
+
+    store, registry, worker = parts
+    prior = LoadedBundle.builtin_prior()
+    entries = [dict(e) for e in ENTRIES[:3000]]
+    raw = np.array([parse_training_entry(e).raw for e in entries])
+    for e, tpot in zip(entries, prior.predict(raw)[1]):
+        e["actual_tpot_ms"] = float(tpot)
+    store.submit(rows(entries)).result(10)
+    report = worker.run_once()
+    assert report.outcome == "published", report.reason
+    assert "kept served tpot" in report.reason, report.reason
+    assert report.candidate["ttft"]["pinball"] < report.served["ttft"]["pinball"]
+    assert report.served["tpot"]["pinball"] == 0.0
+    served = registry.served
+    assert served.source == "learned" and served.has_model("ttft") and not served.has_model("tpot")
+    m = served.manifest.to_json()
+    assert set(m["models"]) == {"ttft"} and set(m.get("calibration", {})) <= {"ttft"}
+    assert m["prior"]["tpot"] == DEFAULT_PRIOR["tpot"] and m["mode"] == "streaming"
+    ttft, tpot = served.predict(raw[:200])
+    np.testing.assert_allclose(tpot, prior.predict(raw[:200])[1])  # TPOT: still the prior
+    assert not np.allclose(ttft, prior.predict(raw[:200])[0])  # TTFT: the learned model
+
+
 def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path):
     import base64
     import json

@@ -141,7 +141,9 @@ class TrainResult:
 
     @property
     def mode(self) -> str:
-        return "streaming" if "tpot" in self.models else "e2e"
+        """"e2e" when the data has no TPOT (too few rows for it), else "streaming" (a TPOT that
+        keeps the served prior is still streaming data)."""
+        return "streaming" if "tpot" in self.models or self.n_train.get("tpot", 0) >= self.config.min_rows else "e2e"
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -7,10 +7,11 @@ stratified train/test sets, trains a candidate (``nthread`` 1 by default, so ing
 and serving keep a core; XGBoost releases the GIL), scores candidate and served bundle on
 the *same* current held-out rows and judges each target: the candidate's model is good
 enough when its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no
-worse than the prior while the prior is served). The first learned bundle must beat the prior
-on every target. After that, a new bundle is published when at least one target's model is
-good enough; a target whose model is not keeps what is served for it (the served model, or
-the served prior), so no target ever regresses beyond the tolerance. Failures are counted and
+worse than the prior while the prior is served). A new bundle is published when at least one
+target's model is good enough, the first learned one included; a target whose model is not
+keeps what is served for it (the served model, or the served prior), so no target ever
+regresses beyond the tolerance, and a target that learns fast (TPOT, on few rows) is not held
+back by one that does not yet beat the prior. Failures are counted and
 logged; the loop never dies. The stop flag is checked between phases and after every boosting round, so shutdown waits
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
@@ -292,9 +293,6 @@ class RetrainWorker:
         verdicts = target_verdicts(cand_scores, served_scores, served_is_prior=served_is_prior,
                                    tolerance=self.tolerance)
         kept = [t for t, (v, _) in verdicts.items() if v is False]
-        if kept and served_is_prior:  # the first learned bundle must beat the prior on every target
-            self.metrics.set_heldout(served_scores)
-            return CycleReport("rejected", reason, candidate=cand_scores, served=served_scores)
         if kept:  # per target: a model that lost keeps the served one (no regression)
             result = self._compose(result, kept, served)
             reason += f"; kept served {', '.join(kept)}"
