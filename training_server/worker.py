@@ -312,21 +312,25 @@ class RetrainWorker:
 
     def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
         """Replace the candidate's models for ``kept`` targets by what is served for them: the
-        served model when it is compatible (same kind, objective, quantile and features),
-        else the served prior (the target then has no model in the new bundle)."""
+        served model when it is compatible (same kind, objective, quantile and features; a
+        served base alone needs no model file), else the served prior (the target then has no
+        model in the new bundle)."""
         m = served.manifest
         files = self.registry.served_files()
         for t in kept:
             spec = m.models.get(t)
-            compatible = (served.source == "learned" and spec is not None and spec.file in files
-                          and served.model_kind == result.config.model_type
+            trees = (spec is not None and spec.file in files and served.model_kind == result.config.model_type)
+            compatible = (served.source == "learned" and (trees or m.base_only(t))
                           and served.objective == result.config.objective
                           and served.quantile == result.config.quantile
                           and tuple(m.feature_names(t) or ()) == tuple(result.feature_names[t]))
             result.prior[t] = m.prior[t].to_json()
             result.base.pop(t, None)
             if compatible:
-                result.models[t] = files[spec.file]
+                if spec is None:
+                    result.models.pop(t, None)
+                else:
+                    result.models[t] = files[spec.file]
                 if t in (m.base or {}):  # the served model's own base goes with it
                     result.base[t] = m.base[t].to_json()
                 cal = m.calibration_of(t)
