@@ -152,8 +152,8 @@ def test_the_base_alone_is_served_where_it_beats_the_trees_on_the_newest_rows(tm
     from features.matrix import model_matrix
 
     raw, ttft, tpot = _linear_ramp()
-    default = train_models(raw, ttft, tpot, config=TrainConfig())  # TTFT only by default
-    assert set(default.models) == {"tpot"} and default.targets == ("ttft", "tpot")
+    default = train_models(raw, ttft, tpot, config=TrainConfig())  # off by default: trees answer (they can)
+    assert set(default.models) == {"ttft", "tpot"} and default.targets == ("ttft", "tpot")
     res = train_models(raw, ttft, tpot, config=TrainConfig(base_alone={"ttft": True, "tpot": True}))
     assert res.models == {} and res.targets == ("ttft", "tpot")
     assert {t: b["link"] for t, b in res.base.items()} == {"ttft": "add", "tpot": "add"}
@@ -171,5 +171,6 @@ def test_the_base_alone_is_served_where_it_beats_the_trees_on_the_newest_rows(tm
     np.testing.assert_allclose(served.predict(raw[-100:])[0], linear * cal["scale"] + cal["offset_ms"])
     # covered on the newest rows as calibrated, and rising with the queue
     assert 0.8 <= float((ttft[-400:] <= served.predict(raw[-400:])[0]).mean()) <= 1.0
-    for cfg in (TrainConfig(base_alone={}), TrainConfig(base_link="add", base_alone={"ttft": True, "tpot": True})):
+    for cfg in (TrainConfig(base_alone={"ttft": False}), TrainConfig(base_link="add", base_alone={"ttft": True,
+                                                                                                "tpot": True})):
         assert set(train_models(raw, ttft, tpot, config=cfg).models) == {"ttft", "tpot"}

@@ -18,10 +18,10 @@ lower pinball loss on the held-out newest rows, after calibration, is kept: ``"b
 the trees' answers within the range seen (best on steady traffic), ``"add"`` lets the trees
 learn only the residual over the whole linear base (best when latency is mostly a linear
 function of queued work, as under overload). Where ``TrainConfig.base_alone`` says so for the
-target (TTFT by default), the linear base alone, fitted on the same older rows, is a candidate
+target (off by default), the linear base alone, fitted on the same older rows, is a candidate
 too (a bundle target with a base and no model file): on a ramp the newest rows are often better
-answered by the line of queued work than by trees that have not seen that much of it. For the
-other targets the base alone only stands in when no tree candidate answers the probe rows
+answered by the line of queued work than by trees that have not seen that much of it. Elsewhere
+the base alone only stands in when no tree candidate answers the probe rows
 every served bundle must answer (``features.loaded.probe_rows``) with a positive latency:
 trees trained only on long prompts under load can answer a short prompt on an idle server with
 <= 0 (sim-high-kv). Below ``refit_below`` rows chosen trees are refitted on all rows and the

@@ -102,9 +102,10 @@ class TrainConfig:
     base_link: str = "auto"
     #: per target, with a base and base_link "auto": the base alone (no trees) is a candidate too,
     #: kept when it has the lower pinball loss on the newest held-out rows (training_server.target_fit;
-    #: elsewhere it only stands in for trees that do not answer the probe rows). TTFT only: forward,
-    #: it took sim-ramp TTFT from 557 to 376 ms and TPOT from 1.79 to 1.85 ms (sharegpt TPOT +1%)
-    base_alone: Mapping[str, bool] = field(default_factory=lambda: {"ttft": True, "tpot": False})
+    #: elsewhere it only stands in for trees that do not answer the probe rows). Off by default: on
+    #: TTFT it took forward sim-ramp from 557 to 376 ms but random splits from 197 to 269 ms (+36%);
+    #: on TPOT it lost forward (sim-ramp 1.79 -> 1.85 ms, sharegpt +1%)
+    base_alone: Mapping[str, bool] = field(default_factory=dict)
     #: per target, the conformal calibration rows: "newest" (time order) or "both" (the larger
     #: correction of the newest and of a random share; training_server.target_fit)
     calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "both"})
