@@ -137,16 +137,17 @@ def validate_manifest(m: Any) -> dict:
             raise BundleError(f"manifest.models.{target}.size out of range")
         if not re.fullmatch(r"[0-9a-f]{64}", str(spec["sha256"])):
             raise BundleError(f"manifest.models.{target}.sha256 is not a sha256 hex digest")
-    if m["model_kind"] != "prior" and not models:
-        raise BundleError("manifest.models is empty for a learned bundle")
     try:
         validate_prior(m["prior"])
-        if "base" in m:
-            for t in validate_base(m["base"]):
-                if t not in models:
-                    raise ValueError(f"base.{t}: no model for this target")
+        base = validate_base(m["base"]) if m.get("base") is not None else {}
+        for t, b in base.items():  # a target without trees is answered by its base alone
+            if t not in models and b["link"] != "add":
+                raise ValueError(f"base.{t}: a target without a model needs link 'add' (the base alone), "
+                                 f"not {b['link']!r}")
     except (ValueError, TypeError) as e:
         raise BundleError(f"manifest.{e}") from None
+    if m["model_kind"] != "prior" and not models and not base:
+        raise BundleError("manifest.models is empty for a learned bundle (and no target has a base)")
     validate_numbers(m)
     if m.get("lineage") is not None:
         validate_lineage(m["lineage"])

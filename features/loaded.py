@@ -197,7 +197,7 @@ class LoadedBundle:
             base_w = {t: base.applier(t, names.get(t)) for t in base.params}
         except ValueError as e:
             raise BundleError(f"manifest.base.{e}") from None
-        bundle = cls(version=m.version, source="learned" if predictors else "prior",
+        bundle = cls(version=m.version, source="learned" if predictors or base_w else "prior",
                      model_kind=m.model_kind, objective=m.objective, quantile=float(m.quantile),
                      manifest=m, _predictors=predictors, _prior=LinearPrior(m.prior_json()),
                      _calibration=calibration, _uncertainty=uncertainty, _names=names, _base=base_w)
@@ -218,20 +218,23 @@ class LoadedBundle:
                                       f"{REGIME_NAMES[regime]} is not a finite positive latency")
 
     def has_model(self, target: str) -> bool:
-        return target in self._predictors
+        """A learned model answers ``target``: trees (over a base or not) or a base alone."""
+        return target in self._predictors or target in self._base
 
     def predict(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Predict (ttft_ms, tpot_ms) for a raw matrix; never negative."""
         out = []
         for target in TARGETS:
             predictor = self._predictors.get(target)
-            if predictor is None:
+            base = self._base.get(target)
+            if predictor is None and base is None:
                 y = self._prior.predict(raw, target)
             else:
                 x = model_matrix(raw, target, self._names.get(target))
-                y = predictor(x)
-                base = self._base.get(target)
-                if base is not None:  # past the largest work seen in training, the base keeps growing
+                # trees, plus the base (past the largest work seen in training it keeps growing);
+                # without trees, the base alone (link "add": intercept + x . coef)
+                y = predictor(x) if predictor is not None else np.zeros(x.shape[0])
+                if base is not None:
                     y = y + base_level(x, *base)
                 y = self._calibration[target].apply(y, raw)
             out.append(np.maximum(y, 0.0))

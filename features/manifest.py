@@ -21,7 +21,8 @@ Keys (JSON)::
     models           {target: {"file", "format", "size", "sha256"}}          -> ModelFile
     prior            {target: {"intercept", "coef": {feature: w}}}            -> Linear (always present)
     base             {target: {"intercept", "coef", "link", "upper"}}         -> Linear (optional: the
-                     linear base a target's trees learn the residual over; see features.prior)
+                     linear base a target's trees learn the residual over; see features.prior; a
+                     target with a base and no model file is answered by the base alone, link "add")
     calibration      {target: {"offset_ms", "scale", "by_regime": {regime: {"offset_ms", "scale"}},
                                "n_calibration", "live_factor"}}               -> TargetCalibration
     training         {target: {"n_train", "n_test"}}                          -> Training
@@ -294,6 +295,16 @@ class Manifest(Record):
     def targets(self) -> tuple[str, ...]:
         """Targets with a model file, in TARGETS order."""
         return tuple(t for t in TARGETS if t in self.models)
+
+    @property
+    def learned_targets(self) -> tuple[str, ...]:
+        """Targets a learned model answers, in TARGETS order: trees (a model file, over a base or
+        not) or a base alone; the others are answered by the prior."""
+        return tuple(t for t in TARGETS if t in self.models or t in (self.base or {}))
+
+    def base_only(self, target: str) -> bool:
+        """``target`` is answered by its linear base alone (no model file)."""
+        return target not in self.models and target in (self.base or {})
 
     @property
     def model_bytes(self) -> int:

@@ -47,8 +47,8 @@ class Rank:
 
     @classmethod
     def of_manifest(cls, manifest: Manifest) -> Rank:
-        """Rank of a manifest (learned when it lists model files)."""
-        return cls.of(manifest, manifest.version, bool(manifest.models))
+        """Rank of a manifest (learned when a target has a model file or a base alone)."""
+        return cls.of(manifest, manifest.version, bool(manifest.learned_targets))
 
     def key(self) -> tuple[float, int]:
         """Sort key among candidates: newest lineage first, then highest version."""

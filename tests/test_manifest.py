@@ -148,3 +148,46 @@ def test_the_builtin_prior_has_a_typed_manifest():
     b = LoadedBundle.builtin_prior(0.8)
     assert b.manifest.version == "prior-default" and b.manifest.quantile == 0.8 and not b.manifest.models
     assert b.manifest.prior_json() == DEFAULT_PRIOR and b.manifest.trained_max_row_id == 0
+
+
+def _base_only(manifest: Manifest, target: str, link: str = "add") -> dict:
+    """The manifest's JSON with ``target`` answered by its base alone (no model file)."""
+    obj = json.loads(json.dumps(manifest.to_json()))
+    obj["models"].pop(target)
+    obj["base"][target] = {**obj["prior"][target], "link": link,
+                           "upper": {n: 1.0 for n in obj["prior"][target]["coef"]}}
+    obj["calibration"][target] = {"scale": 1.25}
+    return obj
+
+
+def test_a_target_answered_by_its_base_alone(trained):
+    manifest, files = trained
+    m = Manifest.from_json(_base_only(manifest, "tpot"))
+    assert m.targets == ("ttft",) and m.learned_targets == ("ttft", "tpot") and m.base_only("tpot")
+    assert not m.base_only("ttft") and Manifest.from_json(m.to_json()) == m
+    bundle = LoadedBundle.from_files(m, {k: v for k, v in files.items() if k.startswith("ttft")})
+    assert bundle.source == "learned" and bundle.has_model("tpot")
+    raw_rows = evaluate.read_trace(SHAREGPT).raw[:50]
+    from features.matrix import model_matrix
+    b = m.base["tpot"]
+    x = model_matrix(raw_rows, "tpot", m.feature_names("tpot"))
+    names = m.feature_names("tpot")
+    want = (b.intercept + sum(x[:, names.index(n)] * w for n, w in b.coef.items())) * 1.25
+    np.testing.assert_allclose(bundle.predict(raw_rows)[1], want)
+    # the trees' target is unchanged
+    full = LoadedBundle.from_files(manifest, files)
+    np.testing.assert_array_equal(bundle.predict(raw_rows)[0], full.predict(raw_rows)[0])
+    # every target by its base alone: a learned bundle without model files
+    alone = Manifest.from_json(_base_only(Manifest.from_json(_base_only(manifest, "tpot")), "ttft"))
+    assert not alone.models and LoadedBundle.from_files(alone, {}).source == "learned"
+
+
+def test_a_base_alone_must_add_and_a_learned_bundle_needs_a_model_or_a_base(trained):
+    manifest, _ = trained
+    with pytest.raises(BundleError, match=r"base\.tpot: a target without a model needs link 'add'"):
+        Manifest.from_json(_base_only(manifest, "tpot", link="beyond"))
+    obj = _base_only(manifest, "tpot")
+    obj["models"] = {}
+    obj.pop("base")
+    with pytest.raises(BundleError, match="models is empty for a learned bundle"):
+        Manifest.from_json(obj)

@@ -103,3 +103,21 @@ def test_a_malformed_base_is_refused_naming_the_field(tmp_path, change, needle):
     bad["base"]["ttft"].update(change)
     with pytest.raises(BundleError, match=needle.replace("(", r"\(").replace(".", r"\.")):
         validate_manifest(bad)
+
+
+def test_trees_that_cannot_answer_an_ordinary_row_give_way_to_the_base_alone(tmp_path):
+    """sim-high-kv has no short prompt on an idle server: from the fifth forward fold on, TTFT
+    trees answer the probe rows (features.loaded.probe_rows, which every served bundle must
+    answer with a positive latency) with <= 0. Even with the base alone off as a selection
+    candidate, it stands in for them: every fold's bundle loads and answers."""
+    assert record_traces.main([str(tmp_path), "--only", "sim-high-kv"]) == 0
+    tr = evaluate.read_trace(tmp_path / "sim-high-kv.jsonl")
+    cfg = evaluate.production_config(base_alone={})
+    alone = 0
+    for seed, train, _ in evaluate.folds(len(tr))[2:]:
+        result = trainer.train_models(tr.raw[train], tr.ttft[train], tr.tpot[train],
+                                      config=trainer.with_config(cfg, seed=seed))
+        bundle = trainer.loaded_bundle(result)  # BundleError if a target cannot answer the probe rows
+        assert bundle.has_model("ttft") and bundle.has_model("tpot")
+        alone += bundle.manifest.base_only("ttft")
+    assert alone >= 1

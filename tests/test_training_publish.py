@@ -260,6 +260,61 @@ def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     np.testing.assert_allclose(bundle.predict(raw[:50])[0], LoadedBundle.builtin_prior().predict(raw[:50])[0])
 
 
+def test_the_first_learned_bundle_publishes_the_targets_that_beat_the_prior(parts):
+    """TTFT learned from the recorded trace beats the built-in prior; TPOT is set to exactly
+    what the built-in prior predicts, so no learned model can beat it on held-out rows. The
+    first bundle goes out with the learned TTFT and keeps serving the prior for TPOT."""
+    from features.loaded import LoadedBundle
+    from features.prior import DEFAULT_PRIOR
+
+    store, registry, worker = parts
+    prior = LoadedBundle.builtin_prior()
+    entries = [dict(e) for e in ENTRIES[:3000]]
+    raw = np.array([parse_training_entry(e).raw for e in entries])
+    for e, tpot in zip(entries, prior.predict(raw)[1]):
+        e["actual_tpot_ms"] = float(tpot)
+    store.submit(rows(entries)).result(10)
+    report = worker.run_once()
+    assert report.outcome == "published", report.reason
+    assert "kept served tpot" in report.reason, report.reason
+    assert report.candidate["ttft"]["pinball"] < report.served["ttft"]["pinball"]
+    assert report.served["tpot"]["pinball"] == 0.0
+    served = registry.served
+    assert served.source == "learned" and served.has_model("ttft") and not served.has_model("tpot")
+    m = served.manifest.to_json()
+    assert set(m["models"]) == {"ttft"} and set(m.get("calibration", {})) <= {"ttft"}
+    assert m["prior"]["tpot"] == DEFAULT_PRIOR["tpot"] and m["mode"] == "streaming"
+    ttft, tpot = served.predict(raw[:200])
+    np.testing.assert_allclose(tpot, prior.predict(raw[:200])[1])  # TPOT: still the prior
+    assert not np.allclose(ttft, prior.predict(raw[:200])[0])  # TTFT: the learned model
+
+
+def test_a_losing_target_keeps_a_served_base_alone(parts):
+    """The served TTFT is a base alone (no model file); a candidate whose TTFT loses keeps it,
+    base and calibration, in the new bundle."""
+    import json
+
+    from features.manifest import Manifest
+
+    _, registry, worker = parts
+    raw = np.array([parse_training_entry(e).raw for e in ENTRIES])
+    y = {t: np.array([e[f"actual_{t}_ms"] for e in ENTRIES], dtype=float) for t in ("ttft", "tpot")}
+    cfg = TrainConfig(params={"n_estimators": 20}, base_alone={})
+    first = trainer_mod.train_models(raw[:1500], y["ttft"][:1500], y["tpot"][:1500], config=cfg)
+    manifest, files = trainer_mod.build_bundle(first, registry.next_version())
+    obj = json.loads(json.dumps(manifest.to_json()))
+    obj["models"].pop("ttft")
+    obj["base"]["ttft"]["link"] = "add"
+    served = registry.publish(Manifest.from_json(obj), {k: v for k, v in files.items() if k.startswith("tpot")})
+    assert served.source == "learned" and served.manifest.base_only("ttft")
+    result = trainer_mod.train_models(raw, y["ttft"], y["tpot"], config=cfg)
+    composed = worker._compose(result, ["ttft"], registry.served)
+    assert "ttft" not in composed.models and composed.targets == ("ttft", "tpot")
+    assert composed.base["ttft"] == obj["base"]["ttft"] and composed.calibration["ttft"] == obj["calibration"]["ttft"]
+    bundle = trainer_mod.loaded_bundle(composed)
+    np.testing.assert_allclose(bundle.predict(raw[:50])[0], served.predict(raw[:50])[0])
+
+
 def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path):
     import base64
     import json

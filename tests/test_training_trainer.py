@@ -88,7 +88,8 @@ def test_upstream_recipe_uses_the_reference_hyper_parameters(data):
 
 def test_lightgbm_and_mean_objective(data):
     raw, ttft, tpot, test = data
-    res = train_models(raw, ttft, tpot, config=TrainConfig(model_type="lightgbm"))
+    # trees for both targets (on this trace the TPOT base alone can win the selection)
+    res = train_models(raw, ttft, tpot, config=TrainConfig(model_type="lightgbm", base_alone={}))
     manifest, files = trainer.build_bundle(res, "v000001-20261202T000000Z")
     assert manifest.models["tpot"].format == "lightgbm-text" and files["tpot.txt"].startswith(b"tree")
     b = LoadedBundle.from_files(manifest, files)
@@ -124,3 +125,52 @@ def test_training_stops_promptly_when_asked(data):
         train_models(raw, ttft, tpot, config=TrainConfig(params={"n_estimators": 100_000}),
                      stop=lambda: time.monotonic() > deadline)
     assert time.monotonic() - t0 < 30  # 100k rounds would take minutes
+
+
+def _linear_ramp(n: int = 2000, seed: int = 5):
+    """Latency that is a linear function of queued work plus noise, load ramping up in time."""
+    from features.schema import COL, RAW_COLUMNS
+
+    rng = np.random.default_rng(seed)
+    raw = np.zeros((n, len(RAW_COLUMNS)))
+    raw[:, COL["num_request_waiting"]] = rng.poisson(1 + 20 * np.linspace(0, 1, n))
+    raw[:, COL["num_request_running"]] = rng.integers(1, 30, n)
+    raw[:, COL["kv_cache_percentage"]] = rng.uniform(0.1, 0.9, n)
+    raw[:, COL["input_token_length"]] = rng.integers(100, 4000, n)
+    raw[:, COL["num_tokens_generated"]] = rng.integers(1, 200, n)
+    ttft = 40 + 0.2 * raw[:, COL["input_token_length"]] + 150 * raw[:, COL["num_request_waiting"]] \
+        + rng.exponential(30, n)
+    tpot = 15 + 0.5 * raw[:, COL["num_request_running"]] + rng.exponential(2, n)
+    return raw, ttft, tpot
+
+
+def test_the_base_alone_is_served_where_it_beats_the_trees_on_the_newest_rows(tmp_path):
+    """Latency linear in queued work, load ramping: on the newest held-out rows the linear base
+    alone beats trees over it, so both targets ship as base alone (no model file), calibrated,
+    through the bundle on disk; without the option (or with a forced link) trees are kept."""
+    from features.bundle import make_version
+    from features.matrix import model_matrix
+
+    raw, ttft, tpot = _linear_ramp()
+    default = train_models(raw, ttft, tpot, config=TrainConfig())  # off by default: trees answer (they can)
+    assert set(default.models) == {"ttft", "tpot"} and default.targets == ("ttft", "tpot")
+    res = train_models(raw, ttft, tpot, config=TrainConfig(base_alone={"ttft": True, "tpot": True}))
+    assert res.models == {} and res.targets == ("ttft", "tpot")
+    assert {t: b["link"] for t, b in res.base.items()} == {"ttft": "add", "tpot": "add"}
+    assert set(res.calibration) == {"ttft", "tpot"}
+    manifest, files = trainer.build_bundle(res, make_version(4))
+    assert files == {} and manifest.learned_targets == ("ttft", "tpot") and manifest.mode == "streaming"
+    served = LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, manifest.to_json(), files)))
+    assert served.source == "learned" and served.has_model("ttft") and served.has_model("tpot")
+    cal = res.calibration["ttft"]
+    b = res.base["ttft"]
+    names = manifest.feature_names("ttft")
+    x = model_matrix(raw[-100:], "ttft", names)
+    linear = b["intercept"] + sum(x[:, names.index(n)] * w for n, w in b["coef"].items())
+    assert "by_regime" not in cal  # one factor: the prediction is the base times it
+    np.testing.assert_allclose(served.predict(raw[-100:])[0], linear * cal["scale"] + cal["offset_ms"])
+    # covered on the newest rows as calibrated, and rising with the queue
+    assert 0.8 <= float((ttft[-400:] <= served.predict(raw[-400:])[0]).mean()) <= 1.0
+    for cfg in (TrainConfig(base_alone={"ttft": False}), TrainConfig(base_link="add", base_alone={"ttft": True,
+                                                                                                "tpot": True})):
+        assert set(train_models(raw, ttft, tpot, config=cfg).models) == {"ttft", "tpot"}

@@ -90,7 +90,7 @@ class LiveCorrection:
         """Move the adaptive factors by the pairs waiting in ``feedback`` (drained even when
         unused); the change, per target whose factor moved more than ``ACI_REPUBLISH`` from
         the published one (an empty dict: nothing to republish)."""
-        targets = list(served.manifest.models) if served.source == "learned" else []
+        targets = served.manifest.learned_targets if served.source == "learned" else ()
         changed: dict[str, float] = {}
         for t in TARGETS:
             actual, predicted = feedback.take(t)
@@ -132,7 +132,7 @@ class LiveCorrection:
         recent stored rows (a drift it has partly absorbed is not counted twice); otherwise the
         live factor is applied as it is (1 when no live pair was ever seen)."""
         base = None
-        for t in result.models:
+        for t in result.targets:
             if t not in result.calibration:
                 continue
             f = self.live_factor.get(t, 1.0)

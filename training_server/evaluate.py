@@ -170,7 +170,7 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
         tr = sample_training_rows(trace.raw[train], trace.ttft[train], trace.tpot[train], trace.ts[train], cap)
         raw_te = trace.raw[test]
         res = trainer.train_models(tr.raw, tr.ttft, tr.tpot, config=trainer.with_config(cfg, seed=seed), ts=tr.ts)
-        ours = dict(zip(TARGETS, trainer.loaded_bundle(res).predict(raw_te))) if res.models else {}
+        ours = dict(zip(TARGETS, trainer.loaded_bundle(res).predict(raw_te))) if res.targets else {}
         base: dict[str, dict[str, np.ndarray]] = {}
         if reference:
             base["upstream"] = upstream_predictions(tr.raw, tr.ttft, tr.tpot, raw_te, quantile, seed)
@@ -179,7 +179,7 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
         for t in TARGETS:
             y = trace.target(t)[test]
             m = y > 0
-            if not m.any() or t not in res.models:
+            if not m.any() or t not in res.targets:
                 continue
             a = acc[t]
             e = evaluate_predictions(y[m], ours[t][m], quantile)

@@ -34,7 +34,7 @@ def model_info(svc: TrainingService, name: str) -> dict:
     spec = m.models.get(name)
     names, scores, cal, training = (m.feature_names(name), m.scores(name), m.calibration_of(name),
                                     (m.training or {}).get(name))
-    return {"name": name, "exists": spec is not None, "model_version": b.version, "model_source": b.source,
+    return {"name": name, "exists": name in m.learned_targets, "model_version": b.version, "model_source": b.source,
             "model_type": b.model_kind, "objective_type": b.objective, "quantile": b.quantile,
             "file": None if spec is None else {"file": spec.file, "format": spec.format, "size": spec.size,
                                                "sha256": spec.sha256},
@@ -52,7 +52,7 @@ def models_list(svc: TrainingService) -> dict:
 
 def xgb_json(svc: TrainingService, target: str) -> bytes:
     b = svc.registry.served
-    if b.model_kind != "xgboost" or not b.has_model(target):
+    if b.model_kind != "xgboost" or target not in b.manifest.models:
         raise HTTPProblem(404, f"no XGBoost {target} model is served (model_kind={b.model_kind})")
     key = (b.version, target)
     cached = svc.xgb_json_cache.get(key)

@@ -17,8 +17,15 @@ With a base (``TrainConfig.base``), each candidate link of :mod:`features.prior`
 lower pinball loss on the held-out newest rows, after calibration, is kept: ``"beyond"`` keeps
 the trees' answers within the range seen (best on steady traffic), ``"add"`` lets the trees
 learn only the residual over the whole linear base (best when latency is mostly a linear
-function of queued work, as under overload). Below ``refit_below`` rows the chosen model is
-refitted on all rows and the calibration kept.
+function of queued work, as under overload). Where ``TrainConfig.base_alone`` says so for the
+target (off by default), the linear base alone, fitted on the same older rows, is a candidate
+too (a bundle target with a base and no model file): on a ramp the newest rows are often better
+answered by the line of queued work than by trees that have not seen that much of it. Elsewhere
+the base alone only stands in when no tree candidate answers the probe rows
+every served bundle must answer (``features.loaded.probe_rows``) with a positive latency:
+trees trained only on long prompts under load can answer a short prompt on an idle server with
+<= 0 (sim-high-kv). Below ``refit_below`` rows chosen trees are refitted on all rows and the
+calibration kept; the base alone is shipped as fitted and calibrated.
 """
 from __future__ import annotations
 
@@ -27,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from features.loaded import Calibration
+from features.loaded import Calibration, probe_rows
 from features.manifest import TargetCalibration
-from features.matrix import regimes
+from features.matrix import model_matrix, regimes
 from features.prior import LinearBase, base_level, upper_values
 from features.scoring import pinball_loss
 
@@ -58,22 +65,58 @@ def _level(spec: dict | None, x: np.ndarray, target: str, names: tuple[str, ...]
     return base_level(x, *LinearBase({target: spec}).applier(target, names))
 
 
+#: the candidate answered by the linear base alone (no trees; a base-only target, link "add")
+ALONE = "alone"
+#: ``fit_base(raw, y, weights) -> prior dict``: the linear base fitted on some of the rows
+BaseFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], dict]
+
+
+def _positive_on_probe(predict: Callable[[np.ndarray], np.ndarray], calib: dict | None, target: str,
+                       names: tuple[str, ...]) -> bool:
+    """The candidate answers the rows a bundle must answer before it is served
+    (:func:`features.loaded.probe_rows`) with finite, positive latencies."""
+    probe = probe_rows()
+    y = predict(model_matrix(probe, target, names))
+    if calib is not None:
+        y = Calibration.from_spec(TargetCalibration.from_json(calib)).apply(y, probe)
+    return bool(np.isfinite(y).all() and (y > 0).all())
+
+
 def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: np.ndarray | None,
-               names: tuple[str, ...], target: str, prior: dict | None
-               ) -> tuple[bytes, dict | None, dict | None]:
-    """(native model bytes, base spec or None, calibration spec or None) for one target; ``r``
-    raw rows, ``x`` their model matrix, ``y`` targets (> 0), all oldest first; ``prior`` the
-    fitted prior (the base), None for no base."""
+               names: tuple[str, ...], target: str, prior: dict | None, fit_base: BaseFn | None = None
+               ) -> tuple[bytes | None, dict | None, dict | None]:
+    """(native model bytes or None, base spec or None, calibration spec or None) for one target;
+    ``r`` raw rows, ``x`` their model matrix, ``y`` targets (> 0), all oldest first; ``prior`` the
+    fitted prior (the base), None for no base. With ``fit_base`` (and ``cfg.base_alone``, links
+    chosen automatically), the base alone is a candidate too, fitted by it on the rows the trees are fitted on: when it
+    wins, the model bytes are None and the base spec (link ``"add"``) answers alone. A candidate
+    that does not answer the probe rows with positive latencies is never chosen."""
     links: tuple[str | None, ...] = (None,)
     if prior is not None:
         links = ("beyond", "add") if cfg.base_link == "auto" else (cfg.base_link,)
+    # the base alone: a candidate where configured (links chosen automatically), else the fallback
+    # when no tree candidate answers the probe rows
+    alone = prior is not None and fit_base is not None and cfg.base_link == "auto"
+    select_alone = alone and bool(cfg.base_alone.get(target, False))
     scale = float(np.median(np.abs(y)))
     n = len(y)
+
+    def fit_on(link: str | None, m: np.ndarray | slice) -> tuple[bytes | None, dict | None, Any]:
+        """(model bytes or None, base spec, predict on a model matrix) fitted on rows ``m``."""
+        wm = None if w is None else w[m]
+        if link == ALONE:
+            assert prior is not None and fit_base is not None
+            p = prior if isinstance(m, slice) else fit_base(r[m], y[m], wm)
+            alone = base_spec(p, "add", x[m], names)
+            return None, alone, lambda xs: _level(alone, xs, target, names)
+        spec = _spec(prior, link, x[m], names)
+        model, predict = fit(x[m], y[m] - _level(spec, x[m], target, names), wm, scale)
+        return model, spec, lambda xs: predict(xs) + _level(spec, xs, target, names)
+
     do_cal = (cfg.calibrate and cfg.recipe == "default" and cfg.objective == "quantile"
               and n * cfg.calibration_share >= 20)
     if not do_cal:
-        spec = _spec(prior, links[0], x, names)
-        model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
+        model, spec, _ = fit_on(links[0], slice(None))
         return model, spec, None
     k = int(round(n * cfg.calibration_share))
     # Few rows (fewer than MIN_FORWARD_ROWS to calibrate on): a random share and an offset in ms,
@@ -86,38 +129,47 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         cal[n - k:] = True
     else:
         cal[np.random.default_rng(cfg.seed + 7919 * (target == "tpot")).permutation(n)[:k]] = True
-    wf, wc = (None, None) if w is None else (w[~cal], w[cal])
+    wc = None if w is None else w[cal]
     multiplicative = cfg.calibration_kind == "scale" and forward
     reg = regimes(r[cal])
     best = None
-    for link in links:
-        spec = _spec(prior, link, x[~cal], names)
-        model, predict = fit(x[~cal], y[~cal] - _level(spec, x[~cal], target, names), wf, scale)
-        pred = predict(x[cal]) + _level(spec, x[cal], target, names)
+    for link in (*links, ALONE) if alone else links:
+        if link == ALONE and not select_alone and best is not None and best[0][0] == 0:
+            break  # a tree candidate answers: the base alone is only the fallback here
+        model, spec, predict = fit_on(link, ~cal)
+        pred = predict(x[cal])
         if multiplicative:
             calib = conformal_scale_spec(target, y[cal], pred, reg, cfg.quantile, weights=wc)
         else:
             calib = conformal_spec(target, y[cal] - pred, reg, cfg.quantile, weights=wc)
         applied = Calibration.from_spec(TargetCalibration.from_json(calib)).apply(pred, r[cal])
-        score = pinball_loss(y[cal], applied, cfg.quantile, wc)
+        # (never served: does not answer the probe rows; fallback; eligible), then the held-out pinball
+        rank = 2 if not _positive_on_probe(predict, calib, target, names) else \
+            1 if link == ALONE and not select_alone else 0
+        score = (rank, pinball_loss(y[cal], applied, cfg.quantile, wc))
         if best is None or score < best[0]:
-            best = (score, link, model, spec, calib)
+            best = (score, link, model, spec, calib, predict)
     assert best is not None  # links is never empty
-    _, link, model, spec, calib = best
+    _, link, model, spec, calib, predict = best
     if forward and cfg.calibration_rows.get(target, "newest") == "both":  # and a random share: the larger factor
         rnd = np.zeros(n, dtype=bool)
         rnd[np.random.default_rng(cfg.seed + 17).permutation(n)[:k]] = True
-        spec_r = _spec(prior, link, x[~rnd], names)
-        _, predict = fit(x[~rnd], y[~rnd] - _level(spec_r, x[~rnd], target, names),
-                         None if w is None else w[~rnd], scale)
-        pred = predict(x[rnd]) + _level(spec_r, x[rnd], target, names)
+        _, _, predict_r = fit_on(link, ~rnd)
+        pred = predict_r(x[rnd])
         reg_r, w_r = regimes(r[rnd]), None if w is None else w[rnd]
         calib = _larger(calib, conformal_scale_spec(target, y[rnd], pred, reg_r, cfg.quantile, weights=w_r)
                         if multiplicative else
                         conformal_spec(target, y[rnd] - pred, reg_r, cfg.quantile, weights=w_r))
-    if n < cfg.refit_below:  # few rows: refit the chosen model on all of them, keep the calibration
-        spec = _spec(prior, link, x, names)
-        model, _ = fit(x, y - _level(spec, x, target, names), w, scale)
+    # Few rows: refit the chosen trees on all of them and keep the calibration (unless the refit
+    # does not answer the probe rows: then the held-out fit, as scored). The base alone is
+    # shipped as fitted on the older rows, with the calibration measured for exactly it: a base
+    # refitted on all rows under that factor covered 77% forward on sim-ramp (TTFT pinball 693
+    # ms), the held-out fit 88% (376 ms).
+    if link != ALONE and n < cfg.refit_below:
+        refit, refit_spec, refit_predict = fit_on(link, slice(None))
+        if _positive_on_probe(refit_predict, calib, target, names) or not _positive_on_probe(predict, calib,
+                                                                                              target, names):
+            model, spec = refit, refit_spec
     return model, spec, calib
 
 

@@ -100,6 +100,12 @@ class TrainConfig:
     #: how the trees combine with the base (features.prior.LINKS), or "auto": the better of them
     #: on the newest held-out rows (training_server.target_fit)
     base_link: str = "auto"
+    #: per target, with a base and base_link "auto": the base alone (no trees) is a candidate too,
+    #: kept when it has the lower pinball loss on the newest held-out rows (training_server.target_fit;
+    #: elsewhere it only stands in for trees that do not answer the probe rows). Off by default: on
+    #: TTFT it took forward sim-ramp from 557 to 376 ms but random splits from 197 to 269 ms (+36%);
+    #: on TPOT it lost forward (sim-ramp 1.79 -> 1.85 ms, sharegpt +1%)
+    base_alone: Mapping[str, bool] = field(default_factory=dict)
     #: per target, the conformal calibration rows: "newest" (time order) or "both" (the larger
     #: correction of the newest and of a random share; training_server.target_fit)
     calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "both"})
@@ -130,7 +136,7 @@ class TrainConfig:
 @dataclass
 class TrainResult:
     config: TrainConfig
-    models: dict[str, bytes]                 # target -> native model bytes
+    models: dict[str, bytes]                 # target -> native model bytes (none: the base alone, or the prior)
     feature_names: dict[str, tuple[str, ...]]
     prior: dict[str, dict]
     calibration: dict[str, dict]             # target -> {"offset_ms", "scale", ["by_regime"]}
@@ -141,11 +147,14 @@ class TrainResult:
 
     @property
     def mode(self) -> str:
-        return "streaming" if "tpot" in self.models else "e2e"
+        """"e2e" when the data has no TPOT (too few rows for it), else "streaming" (a TPOT that
+        keeps the served prior is still streaming data)."""
+        return "streaming" if "tpot" in self.targets or self.n_train.get("tpot", 0) >= self.config.min_rows else "e2e"
 
     @property
     def targets(self) -> tuple[str, ...]:
-        return tuple(t for t in TARGETS if t in self.models)
+        """Targets with a learned model: trees (``models``) or a base alone (``base`` only)."""
+        return tuple(t for t in TARGETS if t in self.models or t in self.base)
 
 
 # ---- fitting ----------------------------------------------------------------------------
@@ -324,8 +333,14 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
                 names: tuple[str, ...] = names, target: str = target) -> tuple[bytes, Any]:
             return _fit(config, xf, yf, wf, names, target, stop, scale)
 
-        models[target], base, cal = fit_target(config, fit, r, x, y, w, names, target,
-                                               prior[target] if use_base else None)
+        def fit_base(rf: np.ndarray, yf: np.ndarray, wf: np.ndarray | None, target: str = target) -> dict:
+            return fit_prior(rf, yf, target, config.quantile if config.objective == "quantile" else 0.5,
+                             max_rows=config.base_rows, weights=wf)
+
+        model, base, cal = fit_target(config, fit, r, x, y, w, names, target,
+                                      prior[target] if use_base else None, fit_base)
+        if model is not None:
+            models[target] = model
         if base is not None:
             bases[target] = base
         if cal is not None:
@@ -344,7 +359,7 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
     ``metrics``: held-out scores per target (``evaluate_bundle``); ``training``: extra
     per-target counts (e.g. ``n_test``); ``extra``: more top-level manifest keys.
     """
-    if not result.models:
+    if not result.targets:
         raise ValueError("no model was trained (too few rows for every target)")
     ext, fmt = FILE_EXT[result.config.model_type]
     files = {f"{t}.{ext}": data for t, data in result.models.items()}
@@ -353,8 +368,8 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
         version=version, created_at=result.created_at, feature_set=cfg.feature_set, model_kind=cfg.model_type,
         objective=cfg.objective, quantile=cfg.quantile, mode=result.mode,
         models={t: (f"{t}.{ext}", fmt) for t in result.models}, files=files, prior=result.prior,
-        base={t: b for t, b in result.base.items() if t in result.models} if result.base else None,
-        calibration={t: c for t, c in result.calibration.items() if t in result.models},
+        base={t: b for t, b in result.base.items() if t in result.targets} if result.base else None,
+        calibration={t: c for t, c in result.calibration.items() if t in result.targets},
         training={t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))} for t in TARGETS},
         metrics=metrics or {},
         extra={"recipe": {"name": cfg.recipe, "seed": cfg.seed, "train_seconds": round(result.train_seconds, 3)},

@@ -7,10 +7,11 @@ stratified train/test sets, trains a candidate (``nthread`` 1 by default, so ing
 and serving keep a core; XGBoost releases the GIL), scores candidate and served bundle on
 the *same* current held-out rows and judges each target: the candidate's model is good
 enough when its pinball loss is at most ``(1 + tolerance)`` x the served one (strictly no
-worse than the prior while the prior is served). The first learned bundle must beat the prior
-on every target. After that, a new bundle is published when at least one target's model is
-good enough; a target whose model is not keeps what is served for it (the served model, or
-the served prior), so no target ever regresses beyond the tolerance. Failures are counted and
+worse than the prior while the prior is served). A new bundle is published when at least one
+target's model is good enough, the first learned one included; a target whose model is not
+keeps what is served for it (the served model, or the served prior), so no target ever
+regresses beyond the tolerance, and a target that learns fast (TPOT, on few rows) is not held
+back by one that does not yet beat the prior. Failures are counted and
 logged; the loop never dies. The stop flag is checked between phases and after every boosting round, so shutdown waits
 at most a few seconds. When the served bundle's live coverage (from entries that carry its
 predictions) drifts off the quantile, a quarter of ``min_new`` new rows suffices.
@@ -292,9 +293,6 @@ class RetrainWorker:
         verdicts = target_verdicts(cand_scores, served_scores, served_is_prior=served_is_prior,
                                    tolerance=self.tolerance)
         kept = [t for t, (v, _) in verdicts.items() if v is False]
-        if kept and served_is_prior:  # the first learned bundle must beat the prior on every target
-            self.metrics.set_heldout(served_scores)
-            return CycleReport("rejected", reason, candidate=cand_scores, served=served_scores)
         if kept:  # per target: a model that lost keeps the served one (no regression)
             result = self._compose(result, kept, served)
             reason += f"; kept served {', '.join(kept)}"
@@ -314,21 +312,25 @@ class RetrainWorker:
 
     def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
         """Replace the candidate's models for ``kept`` targets by what is served for them: the
-        served model when it is compatible (same kind, objective, quantile and features),
-        else the served prior (the target then has no model in the new bundle)."""
+        served model when it is compatible (same kind, objective, quantile and features; a
+        served base alone needs no model file), else the served prior (the target then has no
+        model in the new bundle)."""
         m = served.manifest
         files = self.registry.served_files()
         for t in kept:
             spec = m.models.get(t)
-            compatible = (served.source == "learned" and spec is not None and spec.file in files
-                          and served.model_kind == result.config.model_type
+            trees = (spec is not None and spec.file in files and served.model_kind == result.config.model_type)
+            compatible = (served.source == "learned" and (trees or m.base_only(t))
                           and served.objective == result.config.objective
                           and served.quantile == result.config.quantile
                           and tuple(m.feature_names(t) or ()) == tuple(result.feature_names[t]))
             result.prior[t] = m.prior[t].to_json()
             result.base.pop(t, None)
             if compatible:
-                result.models[t] = files[spec.file]
+                if spec is None:
+                    result.models.pop(t, None)
+                else:
+                    result.models[t] = files[spec.file]
                 if t in (m.base or {}):  # the served model's own base goes with it
                     result.base[t] = m.base[t].to_json()
                 cal = m.calibration_of(t)
