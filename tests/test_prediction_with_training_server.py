@@ -36,19 +36,22 @@ def test_serves_what_the_training_server_publishes(tmp_path):
             while c.get("/readyz").status_code != 200:
                 assert time.monotonic() < end, "no learned bundle reached the prediction server"
                 time.sleep(0.1)
-            manifest = t.get("/v1/bundles/latest").json()
-            version = manifest["version"]
-            end = time.monotonic() + 30
-            while c.get("/status").json()["model_version"] != version:  # a newer one may have come meanwhile
-                assert time.monotonic() < end
-                time.sleep(0.1)
+            # the training server keeps publishing (retrains, live recalibration): compare the
+            # answer with the bundle it came from, retrying when a newer one arrived meanwhile
+            end = time.monotonic() + 60
+            while True:
                 manifest = t.get("/v1/bundles/latest").json()
                 version = manifest["version"]
+                while c.get("/status").json()["model_version"] != version and time.monotonic() < end:
+                    time.sleep(0.1)
+                d = c.post("/predict/bulk/strict", json={"requests": rows}).json()
+                if d["model_version"] == version:
+                    break
+                assert time.monotonic() < end, "the served version never matched the published one"
             files = {spec["file"]: t.get(f"/v1/bundles/{version}/{spec['file']}").content
                      for spec in manifest["models"].values()}
             ttft, tpot = LoadedBundle.from_files(manifest, files).predict(np.array([parse_row(r) for r in rows]))
-            d = c.post("/predict/bulk/strict", json={"requests": rows}).json()
-            assert d["model_version"] == version and d["model_source"] == "learned"
+            assert d["model_source"] == "learned"
             assert [p["ttft_ms"] for p in d["predictions"]] == ttft.tolist()
             assert [p["tpot_ms"] for p in d["predictions"]] == tpot.tolist()
             compared = 0
