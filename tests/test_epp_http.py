@@ -68,8 +68,13 @@ class RawServer:
                     return
 
     def stop(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
+        except OSError:
+            pass
         self.sock.close()
         self.thread.join(5)
+        assert not self.thread.is_alive(), "the raw server's accept thread did not stop"
 
 
 @contextmanager
