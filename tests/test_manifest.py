@@ -14,6 +14,7 @@ from features.loaded import LoadedBundle
 from features.manifest import Manifest, build_manifest
 from features.matrix import REGIME_NAMES, TARGETS
 from features.prior import DEFAULT_PRIOR
+from features.scoring import evaluate_bundle
 from load.data import SHAREGPT
 from prediction_server.demo_bundle import build_bundle
 from training_server import evaluate, trainer
@@ -33,7 +34,7 @@ def trained():
     cfg = trainer.TrainConfig(params={"n_estimators": 30})
     result = trainer.train_models(tr.raw[:1500], tr.ttft[:1500], tr.tpot[:1500], config=cfg)
     bundle = trainer.loaded_bundle(result)
-    scores = trainer.evaluate_bundle(bundle, tr.raw[1500:2500], tr.ttft[1500:2500], tr.tpot[1500:2500])
+    scores = evaluate_bundle(bundle, tr.raw[1500:2500], tr.ttft[1500:2500], tr.tpot[1500:2500])
     return trainer.build_bundle(result, make_version(9), metrics=scores, training={"ttft": {"n_test": 7}},
                                 extra={"trained_on": {"max_row_id": 1500, "stored_rows": 1500}})
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from load.sim import bench
-from load.sim.epp_routers import EPOCH
+from load.sim.driver import EPOCH
 from load.sim.scenarios import get_scenario
 
 pytest.importorskip("xgboost")

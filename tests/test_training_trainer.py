@@ -1,17 +1,17 @@
 """Trainer on the recorded sharegpt-h200 entries: real XGBoost/LightGBM models, calibration,
 fitted prior, E2E mode, the upstream recipe, bundles and in-process LoadedBundle."""
-import json
 import time
 
 import numpy as np
 import pytest
 
 from features.bundle import read_bundle, validate_manifest, write_bundle
-from features.schema import parse_training_entry
 from features.loaded import LoadedBundle
-from training_server import trainer
+from features.schema import parse_training_entry
+from features.scoring import evaluate_bundle, evaluate_predictions
 from load.data import load_entries
-from training_server.trainer import TrainConfig, evaluate_predictions, train_models
+from training_server import trainer
+from training_server.trainer import TrainConfig, train_models
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
         assert base["coef"] == result.prior[t]["coef"] and base["link"] in ("beyond", "add")
         assert set(base["upper"]) == set(base["coef"])
     bundle = trainer.loaded_bundle(result)
-    scores = trainer.evaluate_bundle(bundle, raw[test], ttft[test], tpot[test])
+    scores = evaluate_bundle(bundle, raw[test], ttft[test], tpot[test])
     for t in ("ttft", "tpot"):
         assert 80.0 <= scores[t]["coverage"] <= 97.0, scores[t]
         assert "idle_lowkv" in scores[t]["by_regime"]
     # calibrated beats the uncalibrated model's coverage gap and the fitted prior beats nothing
     prior_only = LoadedBundle.builtin_prior()
-    prior_scores = trainer.evaluate_bundle(prior_only, raw[test], ttft[test], tpot[test])
+    prior_scores = evaluate_bundle(prior_only, raw[test], ttft[test], tpot[test])
     assert scores["tpot"]["pinball"] < prior_scores["tpot"]["pinball"]
     # bundle on disk: verified, loadable, identical predictions
     manifest, files = trainer.build_bundle(result, "v000007-20261202T000000Z", metrics=scores)

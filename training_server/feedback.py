@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from features.matrix import TARGETS
-
-from .trainer import evaluate_predictions
+from features.scoring import evaluate_predictions
 
 #: live-error window (entries carrying a prediction of the served bundle), per target
 LIVE_WINDOW = 2000

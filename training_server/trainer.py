@@ -41,7 +41,6 @@ from features.loaded import LoadedBundle
 from features.manifest import Manifest, build_manifest
 from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints
 from features.prior import DEFAULT_PRIOR, FLOOR_FEATURES, LINKS, MIN_SLOPE_SHARE, PRIOR_FEATURES, fit_linear_quantile
-from features.scoring import evaluate_bundle, evaluate_predictions, pinball_loss  # noqa: F401 (re-exported)
 
 from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
 from .target_fit import fit_target

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from features.scoring import evaluate_bundle
+
 from . import trainer
 from .correction import LEVEL_ROWS, LiveCorrection
 from .feedback import LiveFeedback
@@ -282,8 +284,8 @@ class RetrainWorker:
         self._phase("evaluate")
         candidate = trainer.loaded_bundle(result)
         served = self.registry.served
-        cand_scores = trainer.evaluate_bundle(candidate, test.raw, test.ttft, test.tpot)
-        served_scores = trainer.evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
+        cand_scores = evaluate_bundle(candidate, test.raw, test.ttft, test.tpot)
+        served_scores = evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
         served_is_prior = served.source != "learned"
         ok, reason = publish_gate(cand_scores, served_scores, served_is_prior=served_is_prior,
                                   tolerance=self.tolerance)
@@ -296,7 +298,7 @@ class RetrainWorker:
         if kept:  # per target: a model that lost keeps the served one (no regression)
             result = self._compose(result, kept, served)
             reason += f"; kept served {', '.join(kept)}"
-            cand_scores = trainer.evaluate_bundle(trainer.loaded_bundle(result), test.raw, test.ttft, test.tpot)
+            cand_scores = evaluate_bundle(trainer.loaded_bundle(result), test.raw, test.ttft, test.tpot)
         self._phase("publish")
         test_counts = test.counts()
         manifest, files = trainer.build_bundle(

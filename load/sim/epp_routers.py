@@ -18,9 +18,9 @@ from epp_client.plugins import InFlightTokenScorer, LoraAffinityScorer, MaxScore
 from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile
 from features.scoring import pinball_loss
 
-from .driver import EPOCH, LifecycleRouter
+from .driver import LifecycleRouter
 
-__all__ = ["EPOCH", "make", "PREDICTED_LORA_HISTORY_CONFIG"]
+__all__ = ["make", "PREDICTED_LORA_HISTORY_CONFIG"]
 #: Weight of lora-affinity-scorer next to the default profile's queue 2 / KV 2 / prefix 3.
 LORA_WEIGHT = 2.0
 #: The well-known predicted-latency-slo config plus lora-affinity-scorer with request history.

@@ -29,7 +29,7 @@ from training_server.service import TrainingService
 from training_server.settings import Settings
 from training_server.trainer import TrainConfig
 
-from .epp_routers import EPOCH
+from .driver import EPOCH
 
 if TYPE_CHECKING:
     from training_server.worker import RetrainWorker

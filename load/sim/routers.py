@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from epp_client.heuristics import HeuristicScheduler, LeastRequestsScheduler, RandomScheduler, RoundRobinScheduler
 
-from .driver import BaseRouter, LifecycleRouter, doc_note  # noqa: F401 (BaseRouter: the engine's router base)
+from .driver import LifecycleRouter, doc_note
 from .request import SimRequest
 
 if TYPE_CHECKING:
