@@ -17,7 +17,7 @@ import numpy as np
 from .bundle import BundleError
 from .manifest import Linear, Manifest, TargetCalibration
 from .matrix import REGIME_NAMES, TARGETS, model_matrix, regimes
-from .prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base
+from .prior import DEFAULT_PRIOR, LinearBase, LinearPrior, base_level, validate_base, with_base
 from .schema import SCHEMA_VERSION, parse_row
 
 # z for a two-sided 90% band around the prediction when reporting bounds
@@ -231,11 +231,15 @@ class LoadedBundle:
                 y = self._prior.predict(raw, target)
             else:
                 x = model_matrix(raw, target, self._names.get(target))
-                # trees, plus the base (past the largest work seen in training it keeps growing);
+                # trees over the base (past the largest work seen in training it keeps growing);
                 # without trees, the base alone (link "add": intercept + x . coef)
-                y = predictor(x) if predictor is not None else np.zeros(x.shape[0])
-                if base is not None:
-                    y = y + base_level(x, *base)
+                if predictor is None:
+                    assert base is not None
+                    y = base_level(x, *base)
+                else:
+                    y = predictor(x)
+                    if base is not None:
+                        y = with_base(y, x, *base)
                 y = self._calibration[target].apply(y, raw)
             out.append(np.maximum(y, 0.0))
         return out[0], out[1]

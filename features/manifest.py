@@ -20,7 +20,7 @@ Keys (JSON)::
     mode             "streaming" | "e2e"
     models           {target: {"file", "format", "size", "sha256"}}          -> ModelFile
     prior            {target: {"intercept", "coef": {feature: w}}}            -> Linear (always present)
-    base             {target: {"intercept", "coef", "link", "upper"}}         -> Linear (optional: the
+    base             {target: {"intercept", "coef", "link", "upper", ["floor"]}} -> Linear (optional: the
                      linear base a target's trees learn the residual over; see features.prior; a
                      target with a base and no model file is answered by the base alone, link "add")
     calibration      {target: {"offset_ms", "scale", "by_regime": {regime: {"offset_ms", "scale"}},
@@ -160,6 +160,7 @@ class Linear(Record):
     coef: Mapping[str, float] | None = None
     link: str | None = None
     upper: Mapping[str, float] | None = None
+    floor: float | None = None  # link "ratio": the least base level the trees' ratio multiplies
 
 
 @dataclass(frozen=True)

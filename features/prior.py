@@ -10,6 +10,9 @@ One concept serves two roles:
   the range seen the trees answer alone; beyond it the prediction keeps growing at the base's
   slopes: prediction = trees + sum_j coef_j * max(0, x_j - upper_j). ``"add"``: the trees
   learned the residual over the whole base: prediction = trees + intercept + x . coef.
+  ``"ratio"`` (with ``floor``, ms > 0): the trees learned the ratio of the latency to the base:
+  prediction = trees * max(intercept + x . coef, floor); past the range seen the ratio stays at
+  its last value and the prediction grows in proportion to the work.
   Regression trees predict a constant past their last split; queues do not stop costing time
   there, and with either link neither does the prediction.
 
@@ -43,7 +46,7 @@ FLOOR_FEATURES: dict[str, tuple[str, ...]] = {
 MIN_SLOPE_SHARE = 0.05
 #: How the trees' output combines with the base (``"beyond"``: trees + the base's growth past
 #: the largest values seen in training).
-LINKS = ("beyond", "add")
+LINKS = ("beyond", "add", "ratio")
 
 #: Conservative analytic default (roughly a 7-8B model on one A100, p90-ish): prefill
 #: ~0.2 ms per uncached token, queued work ~0.1 ms per token, a queued request costs a
@@ -102,7 +105,7 @@ def validate_base(params: object) -> dict[str, dict]:
         link = p.get("link")
         if link not in LINKS:
             raise ValueError(f"base.{t}.link {link!r} not in {LINKS}")
-        upper = p.get("upper", {} if link == "add" else None)
+        upper = p.get("upper", None if link == "beyond" else {})
         if not isinstance(upper, Mapping) or (link == "beyond" and set(upper) != set(spec["coef"])) \
                 or not set(upper) <= set(spec["coef"]):
             raise ValueError(f"base.{t}.upper must give one value per coef feature")
@@ -115,6 +118,14 @@ def validate_base(params: object) -> dict[str, dict]:
             if not np.isfinite(hi[name]):
                 raise ValueError(f"base.{t}.upper.{name} is not finite")
         out[t] = {**spec, "link": link, "upper": hi}
+        if link == "ratio":
+            try:
+                floor = float(p.get("floor"))
+            except (TypeError, ValueError):
+                raise ValueError(f"base.{t}.floor must be a number (link ratio)") from None
+            if not (np.isfinite(floor) and floor > 0):
+                raise ValueError(f"base.{t}.floor must be finite and > 0")
+            out[t]["floor"] = floor
     return out
 
 
@@ -160,11 +171,14 @@ class LinearBase:
         return hi, w
 
 
-    def applier(self, target: str, names: Sequence[str] | None = None) -> tuple[str, float, np.ndarray, np.ndarray]:
-        """(link, intercept, upper, coefficients), aligned to ``names``, for :func:`base_level`."""
+    def applier(self, target: str, names: Sequence[str] | None = None
+                ) -> tuple[str, float, np.ndarray, np.ndarray, float]:
+        """(link, intercept, upper, coefficients, floor), aligned to ``names``, for :func:`base_level`
+        and :func:`with_base`."""
         intercept, w = self.weights(target, names)
         hi, _ = self.growth(target, names)
-        return self.params[target].get("link", "add"), intercept, hi, w
+        p = self.params[target]
+        return p.get("link", "add"), intercept, hi, w, float(p.get("floor", 0.0))
 
 
 def growth_beyond(x: np.ndarray, upper: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -172,9 +186,21 @@ def growth_beyond(x: np.ndarray, upper: np.ndarray, w: np.ndarray) -> np.ndarray
     return np.maximum(x - upper, 0.0) @ w
 
 
-def base_level(x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """What a base adds to the trees' output on model matrix ``x`` (see the module docstring)."""
-    return growth_beyond(x, upper, w) if link == "beyond" else x @ w + intercept
+def base_level(x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w: np.ndarray,
+               floor: float = 0.0) -> np.ndarray:
+    """The base's value on model matrix ``x``: what it adds to the trees' output (``"beyond"``,
+    ``"add"``) or what the trees' output multiplies (``"ratio"``, never below ``floor``)."""
+    if link == "beyond":
+        return growth_beyond(x, upper, w)
+    level = x @ w + intercept
+    return np.maximum(level, floor) if link == "ratio" else level
+
+
+def with_base(trees: np.ndarray, x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w: np.ndarray,
+              floor: float = 0.0) -> np.ndarray:
+    """The trees' output ``trees`` on model matrix ``x`` combined with the base (module docstring)."""
+    level = base_level(x, link, intercept, upper, w, floor)
+    return trees * level if link == "ratio" else trees + level
 
 
 def upper_values(x: np.ndarray, names: Sequence[str], coef: Mapping[str, float]) -> dict[str, float]:

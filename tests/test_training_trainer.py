@@ -7,6 +7,7 @@ import pytest
 
 from features.bundle import read_bundle, validate_manifest, write_bundle
 from features.loaded import LoadedBundle
+from features.prior import LINKS
 from features.schema import parse_training_entry
 from features.scoring import evaluate_bundle, evaluate_predictions
 from load.data import load_entries
@@ -43,7 +44,7 @@ def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
         assert cal["offset_ms"] == 0.0 and 0.5 < cal["scale"] < 3.0  # multiplicative conformal
         assert all(w >= 0 for w in result.prior[t]["coef"].values())  # non-negative quantile fit
         base = result.base[t]  # the prior is the base: same coefficients, plus the range seen
-        assert base["coef"] == result.prior[t]["coef"] and base["link"] in ("beyond", "add")
+        assert base["coef"] == result.prior[t]["coef"] and base["link"] in LINKS
         assert set(base["upper"]) == set(base["coef"])
     bundle = trainer.loaded_bundle(result)
     scores = evaluate_bundle(bundle, raw[test], ttft[test], tpot[test])
@@ -154,7 +155,10 @@ def test_the_base_alone_is_served_where_it_beats_the_trees_on_the_newest_rows(tm
     raw, ttft, tpot = _linear_ramp()
     default = train_models(raw, ttft, tpot, config=TrainConfig())  # off by default: trees answer (they can)
     assert set(default.models) == {"ttft", "tpot"} and default.targets == ("ttft", "tpot")
-    res = train_models(raw, ttft, tpot, config=TrainConfig(base_alone={"ttft": True, "tpot": True}))
+    # among the additive links (trees x base, link "ratio", ties the line on a line)
+    additive = ("beyond", "add")
+    res = train_models(raw, ttft, tpot, config=TrainConfig(base_alone={"ttft": True, "tpot": True},
+                                                           auto_links={"ttft": additive, "tpot": additive}))
     assert res.models == {} and res.targets == ("ttft", "tpot")
     assert {t: b["link"] for t, b in res.base.items()} == {"ttft": "add", "tpot": "add"}
     assert set(res.calibration) == {"ttft", "tpot"}
