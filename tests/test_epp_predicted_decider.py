@@ -6,6 +6,7 @@ The predictor here is a deterministic table (TTFT by role and queue length) so t
 rule's boundary can be placed exactly; the rows it receives are the producer's real rows."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -137,6 +138,29 @@ def test_tpot_rule_protects_running_decodes():
     _POOL.update(decode_running=4)
     s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers={**hdr, "x-llm-d-slo-ttft-ms": "650"})
     assert res.decision == "decode-only"
+
+
+def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
+    # TPOT 20, SLO 30: one local prefill of 600 ms adds 600 / 64 = 9.4 ms (29.4 <= 30: local),
+    # but a second one on the same endpoint right after adds (600 + 600) / 64 = 18.8 ms
+    # (38.8 > 30): the running requests feel both, so it goes to the prefill pool. The stall
+    # decays over 64 tokens x 20 ms = 1.28 s: 10 s later it is gone and local is fine again.
+    hdr = {"x-llm-d-slo-tpot-ms": "30", "x-llm-d-slo-ttft-ms": "2000"}
+    now = [100.0]
+    s = Scheduler.from_config(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
+                              rng=random.Random(1), clock=lambda: now[0])
+    decider = s.profile_handler.prefill_decider
+
+    def decide():
+        return s.schedule(InferenceRequest(input_tokens=3000, streaming=True, headers=hdr), pool(decode_running=4)).decision
+
+    assert decide() == "decode-only" and decider.stall_ms("d0", 20.0, now[0]) == pytest.approx(600)
+    assert decide() == "prefill-decode" and decider.reasons == {"ttft": 0, "tpot": 1}
+    now[0] += 1.28
+    assert decider.stall_ms("d0", 20.0, now[0]) == pytest.approx(600 / math.e)
+    now[0] += 10.0
+    assert decide() == "decode-only"
+    assert decider.stall_ms("p0", 20.0, now[0]) == 0.0  # nothing was kept on the prefill endpoint
 
 
 def test_no_predictions_means_no_disaggregation():
