@@ -147,12 +147,13 @@ def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
     # decays over 64 tokens x 20 ms = 1.28 s: 10 s later it is gone and local is fine again.
     hdr = {"x-llm-d-slo-tpot-ms": "30", "x-llm-d-slo-ttft-ms": "2000"}
     now = [100.0]
-    s = Scheduler.from_config(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
-                              rng=random.Random(1), clock=lambda: now[0])
+    pred = TablePredictor(decode_ttft=600, prefill_ttft=700)
+    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1), clock=lambda: now[0])
     decider = s.profile_handler.prefill_decider
 
     def decide():
-        return s.schedule(InferenceRequest(input_tokens=3000, streaming=True, headers=hdr), pool(decode_running=4)).decision
+        request = InferenceRequest(input_tokens=3000, streaming=True, headers=hdr)
+        return s.schedule(request, pool(decode_running=4)).decision
 
     assert decide() == "decode-only" and decider.stall_ms("d0", 20.0, now[0]) == pytest.approx(600)
     assert decide() == "prefill-decode" and decider.reasons == {"ttft": 0, "tpot": 1}
@@ -161,6 +162,38 @@ def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
     now[0] += 10.0
     assert decide() == "decode-only"
     assert decider.stall_ms("p0", 20.0, now[0]) == 0.0  # nothing was kept on the prefill endpoint
+
+
+def test_judge_prefill_pick_judges_the_endpoint_the_prefill_profile_picks():
+    # TTFT = role base + 100 ms per waiting request + 1000 ms x KV use. The prefill profile
+    # (queue-scorer) picks p0 (nothing waiting) although its KV makes it the slower path:
+    # p0 1400 ms, p1 600 ms, local on d0 1000 ms.
+    class KVTable(TablePredictor):
+        def predict_bulk(self, rows):
+            out = super().predict_bulk(rows)
+            return BulkPrediction([t + 1000.0 * r["kv_cache_percentage"] for t, r in zip(out.ttft_ms, rows)],
+                                  out.tpot_ms, "table")
+
+    eps = [Endpoint(name="d0", address="10.0.0.1", port=8000, labels={ROLE: "decode"},
+                    metrics=EndpointMetrics(), prefix_match=PrefixMatch(0, 200, 16)),
+           Endpoint(name="p0", address="10.0.0.2", port=8000, labels={ROLE: "prefill"},
+                    metrics=EndpointMetrics(kv_cache_usage=0.9), prefix_match=PrefixMatch(0, 200, 16)),
+           Endpoint(name="p1", address="10.0.0.3", port=8000, labels={ROLE: "prefill"},
+                    metrics=EndpointMetrics(waiting_queue_size=1), prefix_match=PrefixMatch(0, 200, 16))]
+    pred = KVTable(decode_ttft=1000, prefill_ttft=500)
+    # default: the best predicted candidate (p1, 600 < 1000) says yes, and the request goes to p0
+    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
+    # judging the pick: p0's 1400 ms loses to the local 1000 ms
+    s = Scheduler.from_config(config(judgePrefillPick=True), predictor=pred, rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "decode-only" and "prefill" not in res.picks
+    # and a yes keeps the pick the decider judged
+    s = Scheduler.from_config(config(judgePrefillPick=True), predictor=KVTable(decode_ttft=1500, prefill_ttft=500),
+                              rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
 
 
 def test_no_predictions_means_no_disaggregation():

@@ -5,8 +5,13 @@ With ``d`` the decode pick and ``U`` the prompt tokens not cached on ``d`` (the 
 decode side must receive), and ``transfer_ms(U) = transfer_latency_ms +
 U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
 
-1. **TTFT rule**: yes when ``min over prefill-capable candidates p != d`` of the
-   predicted TTFT through ``p`` is below ``ttft(d)`` (prefilling locally on ``d``). TTFT
+1. **TTFT rule**: yes when the predicted TTFT through the prefill endpoint ``p`` is below
+   ``ttft(d)`` (prefilling locally on ``d``). ``p`` is the best (lowest predicted TTFT)
+   prefill-capable candidate other than ``d``. With ``judgePrefillPick`` (default off)
+   ``disagg-profile-handler`` runs the prefill profile before asking and passes its pick
+   as the only candidate, so ``p`` is the endpoint the request would really use (the
+   profile picks by its own scorers, often not the best predicted one; ``docs/pd.md``
+   has the measurements, and why it is off). TTFT
    is the client's (first token on the wire) and a disaggregated request's TTFT sample is
    its prefill endpoint's row, so for an endpoint that cannot decode (role ``prefill`` or
    ``encode-prefill``: every TTFT it was trained on is prefill + KV transfer + first decode
@@ -69,9 +74,13 @@ class PredictedPDDecider(_Decider):
     transfer_latency_ms: float = param("transferLatencyMs", default=0.0, check=ge(0.0),
                                        doc="fixed cost of a KV transfer, ms")
     tpot_window_tokens: int = param("tpotWindowTokens", default=64, check=gt(0),
-                                    doc="tokens a local prefill stall is spread over (TPOT rule)")
+                                    doc="tokens a local prefill stall is spread over (TPOT rule); "
+                                        "kept stalls decay over that many tokens")
     min_prompt_tokens: int = param("minPromptTokens", default=0, check=ge(0),
                                    doc="shortest prompt that may disaggregate")
+    judges_prefill_pick: bool = param("judgePrefillPick", default=False,
+                                      doc="judge the prefill profile's pick (the handler runs that profile "
+                                          "first) instead of the best predicted prefill candidate")
 
     clock: Callable[[], float] = time.monotonic
 
