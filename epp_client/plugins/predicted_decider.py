@@ -11,13 +11,13 @@ U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
    ``disagg-profile-handler`` runs the prefill profile before asking and passes its pick
    as the only candidate, so ``p`` is the endpoint the request would really use (the
    profile picks by its own scorers, often not the best predicted one; ``docs/pd.md``
-   has the measurements, and why it is off). TTFT
-   is the client's (first token on the wire) and a disaggregated request's TTFT sample is
-   its prefill endpoint's row, so for an endpoint that cannot decode (role ``prefill`` or
-   ``encode-prefill``: every TTFT it was trained on is prefill + KV transfer + first decode
-   step) ``ttft(p)`` already contains the transfer and is taken as is; for an endpoint
-   that also decodes (``prefill-decode``, ``both``), whose samples are mostly local
-   prefills, the path through it costs ``ttft(p) + transfer_ms(U)``.
+   has the measurements, and why it is off). TTFT is the client's (first token on the
+   wire) and a disaggregated request's TTFT sample is its prefill endpoint's row, so for
+   an endpoint that cannot decode (role ``prefill`` or ``encode-prefill``: every TTFT it
+   was trained on is prefill + KV transfer + first decode step) ``ttft(p)`` already
+   contains the transfer and is taken as is; for an endpoint that also decodes
+   (``prefill-decode``, ``both``), whose samples are mostly local prefills, the path
+   through it costs ``ttft(p) + transfer_ms(U)``.
 2. **TPOT rule**: yes when ``d`` has running requests (the larger of its reported running
    requests and this router's in-flight count there) and a local prefill would push them
    past their TPOT budget: ``tpot(d) + (stall(d) + ttft(d)) / tpot_window_tokens`` exceeds
@@ -28,10 +28,10 @@ U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
    for that many tokens). Without ``stall(d)`` every request judged its own stall as if
    it were the only one, and a decode endpoint accepted local prefills until its
    requests' TPOT (which the predictions learn only later) was far past the budget. The
-   budget is ``tpot(d) + tpot_headroom(d)`` when the
-   producer computed a headroom (streaming mode: against the strictest running request's
-   SLO), else the request's own TPOT SLO; without either the rule is off. The remote path
-   must then still meet the request's TTFT SLO (when it has one).
+   budget is ``tpot(d) + tpot_headroom(d)`` when the producer computed a headroom
+   (streaming mode: against the strictest running request's SLO), else the request's own
+   TPOT SLO; without either the rule is off. The remote path must then still meet the
+   request's TTFT SLO (when it has one).
 
 Predictions are the producer's (``Endpoint.prediction``, written once for all candidates
 before the profiles run). No prediction for ``d``, no prefill-capable candidate with a
