@@ -164,6 +164,26 @@ def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
     assert decider.stall_ms("p0", 20.0, now[0]) == 0.0  # nothing was kept on the prefill endpoint
 
 
+def test_a_late_remote_path_keeps_a_prefill_local_only_while_the_kept_stalls_fit_the_budget():
+    # TPOT 20, SLO 25: a 600 ms local prefill breaks it (29.4), but the prefill pool would
+    # miss the request's 650 ms TTFT SLO (700): the first one stays local. The second one
+    # finds that stall already kept there (20 + 600 / 64 = 29.4 > 25 with nothing added):
+    # keeping more would sink the decode endpoint, so it goes to the prefill pool.
+    hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "650"}
+    now = [100.0]
+    s = Scheduler.from_config(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
+                              rng=random.Random(1), clock=lambda: now[0])
+
+    def decide():
+        request = InferenceRequest(input_tokens=3000, streaming=True, headers=hdr)
+        return s.schedule(request, pool(decode_running=4)).decision
+
+    assert decide() == "decode-only"
+    assert decide() == "prefill-decode" and s.profile_handler.prefill_decider.reasons == {"ttft": 0, "tpot": 1}
+    now[0] += 10.0   # the kept stall has decayed: the exception applies again
+    assert decide() == "decode-only"
+
+
 def test_judge_prefill_pick_judges_the_endpoint_the_prefill_profile_picks():
     # TTFT = role base + 100 ms per waiting request + 1000 ms x KV use. The prefill profile
     # (queue-scorer) picks p0 (nothing waiting) although its KV makes it the slower path:

@@ -31,7 +31,11 @@ U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
    budget is ``tpot(d) + tpot_headroom(d)`` when the producer computed a headroom
    (streaming mode: against the strictest running request's SLO), else the request's own
    TPOT SLO; without either the rule is off. The remote path must then still meet the
-   request's TTFT SLO (when it has one).
+   request's TTFT SLO (when it has one): if it would not, the prefill stays local, but
+   only while ``tpot(d) + stall(d) / tpot_window_tokens`` is within the budget (the
+   prefills already kept there leave room). Without that limit, at full load, every
+   request the prefill pool would make late was kept on the decode endpoints, which
+   collapsed.
 
 Predictions are the producer's (``Endpoint.prediction``, written once for all candidates
 before the profiles run). No prediction for ``d``, no prefill-capable candidate with a
@@ -139,11 +143,11 @@ class PredictedPDDecider(_Decider):
         if running <= 0:
             return self._keep_local(endpoint.name, local_ttft, pred.tpot_ms, now)
         budget = pred.tpot_ms + pred.tpot_headroom_ms if pred.tpot_headroom_ms else request.tpot_slo_ms
-        stall = self.stall_ms(endpoint.name, pred.tpot_ms, now) + local_ttft
-        if budget <= 0 or pred.tpot_ms + stall / self.tpot_window_tokens <= budget:
+        kept = self.stall_ms(endpoint.name, pred.tpot_ms, now)
+        if budget <= 0 or pred.tpot_ms + (kept + local_ttft) / self.tpot_window_tokens <= budget:
             return self._keep_local(endpoint.name, local_ttft, pred.tpot_ms, now)
         ttft_slo = request.ttft_slo_ms
-        if ttft_slo > 0 and remote_ttft >= ttft_slo:
+        if ttft_slo > 0 and remote_ttft >= ttft_slo and pred.tpot_ms + kept / self.tpot_window_tokens <= budget:
             return self._keep_local(endpoint.name, local_ttft, pred.tpot_ms, now)
         self.reasons["tpot"] += 1
         return True
