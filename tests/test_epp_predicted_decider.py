@@ -201,17 +201,17 @@ def test_judge_prefill_pick_judges_the_endpoint_the_prefill_profile_picks():
            Endpoint(name="p1", address="10.0.0.3", port=8000, labels={ROLE: "prefill"},
                     metrics=EndpointMetrics(waiting_queue_size=1), prefix_match=PrefixMatch(0, 200, 16))]
     pred = KVTable(decode_ttft=1000, prefill_ttft=500)
-    # default: the best predicted candidate (p1, 600 < 1000) says yes, and the request goes to p0
-    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1))
+    # judgePrefillPick false: the best predicted candidate (p1, 600 < 1000) says yes, and the
+    # request goes to p0
+    s = Scheduler.from_config(config(judgePrefillPick=False), predictor=pred, rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
-    # judging the pick: p0's 1400 ms loses to the local 1000 ms
-    s = Scheduler.from_config(config(judgePrefillPick=True), predictor=pred, rng=random.Random(1))
+    # judging the pick (default): p0's 1400 ms loses to the local 1000 ms
+    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "decode-only" and "prefill" not in res.picks
     # and a yes keeps the pick the decider judged
-    s = Scheduler.from_config(config(judgePrefillPick=True), predictor=KVTable(decode_ttft=1500, prefill_ttft=500),
-                              rng=random.Random(1))
+    s = Scheduler.from_config(config(), predictor=KVTable(decode_ttft=1500, prefill_ttft=500), rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
 

@@ -6,18 +6,18 @@ decode side must receive), and ``transfer_ms(U) = transfer_latency_ms +
 U x kv_bytes_per_token / (transfer_bandwidth_gbps x 1e9) x 1000``:
 
 1. **TTFT rule**: yes when the predicted TTFT through the prefill endpoint ``p`` is below
-   ``ttft(d)`` (prefilling locally on ``d``). ``p`` is the best (lowest predicted TTFT)
-   prefill-capable candidate other than ``d``. With ``judgePrefillPick`` (default off)
-   ``disagg-profile-handler`` runs the prefill profile before asking and passes its pick
-   as the only candidate, so ``p`` is the endpoint the request would really use (the
-   profile picks by its own scorers, often not the best predicted one; ``docs/pd.md``
-   has the measurements, and why it is off). TTFT is the client's (first token on the
-   wire) and a disaggregated request's TTFT sample is its prefill endpoint's row, so for
-   an endpoint that cannot decode (role ``prefill`` or ``encode-prefill``: every TTFT it
-   was trained on is prefill + KV transfer + first decode step) ``ttft(p)`` already
-   contains the transfer and is taken as is; for an endpoint that also decodes
-   (``prefill-decode``, ``both``), whose samples are mostly local prefills, the path
-   through it costs ``ttft(p) + transfer_ms(U)``.
+   ``ttft(d)`` (prefilling locally on ``d``). ``p`` is the endpoint the request would
+   really use: with ``judgePrefillPick`` (default) ``disagg-profile-handler`` runs the
+   prefill profile before asking and passes its pick as the only candidate (the profile
+   picks by its own scorers, often not the best predicted endpoint; ``docs/pd.md``).
+   Without it, or when called with several candidates, ``p`` is the best (lowest
+   predicted TTFT) prefill-capable candidate other than ``d``. TTFT is the client's
+   (first token on the wire) and a disaggregated request's TTFT sample is its prefill
+   endpoint's row, so for an endpoint that cannot decode (role ``prefill`` or
+   ``encode-prefill``: every TTFT it was trained on is prefill + KV transfer + first
+   decode step) ``ttft(p)`` already contains the transfer and is taken as is; for an
+   endpoint that also decodes (``prefill-decode``, ``both``), whose samples are mostly
+   local prefills, the path through it costs ``ttft(p) + transfer_ms(U)``.
 2. **TPOT rule**: yes when ``d`` has running requests (the larger of its reported running
    requests and this router's in-flight count there) and a local prefill would push them
    past their TPOT budget: ``tpot(d) + (stall(d) + ttft(d)) / tpot_window_tokens`` exceeds
@@ -82,9 +82,9 @@ class PredictedPDDecider(_Decider):
                                         "kept stalls decay over that many tokens")
     min_prompt_tokens: int = param("minPromptTokens", default=0, check=ge(0),
                                    doc="shortest prompt that may disaggregate")
-    judges_prefill_pick: bool = param("judgePrefillPick", default=False,
+    judges_prefill_pick: bool = param("judgePrefillPick", default=True,
                                       doc="judge the prefill profile's pick (the handler runs that profile "
-                                          "first) instead of the best predicted prefill candidate")
+                                          "first); false: the best predicted prefill candidate")
 
     clock: Callable[[], float] = time.monotonic
 
