@@ -6,6 +6,12 @@ has dispatched and not yet released:
 - ``pre_request(request, picks)``: for each profile's first endpoint, +1 request and
   + uncached prompt tokens (``(total-match)×block + max(0, input - total×block)``, or the
   input tokens without prefix info), plus the estimated output tokens when enabled.
+  **Difference from upstream**: when the request is disaggregated (a ``prefill`` pick
+  that is another endpoint), the other picks count no prompt tokens: their prompt is
+  prefilled on the prefill endpoint and arrives as KV, so it is not prefill work queued
+  there. Counting it (upstream) made a decode endpoint's ``prefill_tokens_in_flight``
+  the prompts of every request being prefilled *for* it, and its predicted TTFT of a
+  local prefill that of a server with that much prefill queued (``docs/pd.md``).
 - ``on_first_chunk(request_id)``: releases the token portion of every entry (without
   estimated output tokens) and the ``prefill`` profile's entry completely.
 - ``on_complete(request_id)``: releases whatever remains. Every decrement floors at 0.
@@ -78,8 +84,10 @@ class InFlightTracker(Plugin):
         if rid in self._requests:
             self.on_complete(rid)  # a re-dispatch replaces the old accounting
         entries = []
+        prefill = picks.get(PREFILL_PROFILE)
         for profile, e in picks.items():
-            tokens = uncached_prompt_tokens(e, request.input_tokens)
+            remote = prefill is not None and profile != PREFILL_PROFILE and e.name != prefill.name
+            tokens = 0 if remote else uncached_prompt_tokens(e, request.input_tokens)
             if self.add_estimated_output_tokens:
                 est = math.floor(request.input_tokens * self.output_ratio + 0.5)
                 if request.max_tokens is not None and request.max_tokens >= 0:

@@ -225,6 +225,26 @@ class RecordingPredictor(InProcessPredictor):
         return super().predict_bulk(rows)
 
 
+def test_a_disaggregated_prompt_is_in_flight_prefill_work_only_on_its_prefill_endpoint():
+    # the decode endpoint receives the prompt's KV; counting its tokens there (upstream) made a
+    # decode endpoint look like a server with every remote prefill queued (docs/pd.md)
+    s = sched(pd_config("prefix-based-pd-decider", {"nonCachedTokens": 2048}))
+    long, short = req(3000), req(1600)
+    res = s.schedule(long, pool(), now=0.0)
+    s.pre_request(long, res, now=0.0)
+    d = res.picks["decode"].name
+    assert res.decision == "prefill-decode"
+    assert (s.inflight.snapshot("p0").tokens, s.inflight.snapshot("p0").requests) == (3000, 1)
+    assert (s.inflight.snapshot(d).tokens, s.inflight.snapshot(d).requests) == (0, 1)
+    res = s.schedule(short, pool(), now=0.1)
+    s.pre_request(short, res, now=0.1)
+    assert res.decision == "decode-only" and s.inflight.snapshot(res.endpoint.name).tokens == 1600
+    s.on_first_chunk(long.request_id, now=0.5)
+    s.on_complete(long.request_id, now=1.0)
+    assert s.inflight.snapshot(d).requests == (1 if res.endpoint.name == d else 0)
+    assert s.inflight.snapshot("p0").tokens == 0
+
+
 def test_pd_predictions_carry_pod_type_and_train_ttft_on_prefill_tpot_on_decode():
     pred, sink = RecordingPredictor(), ListSink()
     s = sched(pd_config("always-disagg-pd-decider", producer=True), predictor=pred, sink=sink)

@@ -6,6 +6,7 @@ The predictor here is a deterministic table (TTFT by role and queue length) so t
 rule's boundary can be placed exactly; the rows it receives are the producer's real rows."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -137,6 +138,82 @@ def test_tpot_rule_protects_running_decodes():
     _POOL.update(decode_running=4)
     s, res = run(TablePredictor(decode_ttft=600, prefill_ttft=700), headers={**hdr, "x-llm-d-slo-ttft-ms": "650"})
     assert res.decision == "decode-only"
+
+
+def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
+    # TPOT 20, SLO 30: one local prefill of 600 ms adds 600 / 64 = 9.4 ms (29.4 <= 30: local),
+    # but a second one on the same endpoint right after adds (600 + 600) / 64 = 18.8 ms
+    # (38.8 > 30): the running requests feel both, so it goes to the prefill pool. The stall
+    # decays over 64 tokens x 20 ms = 1.28 s: 10 s later it is gone and local is fine again.
+    hdr = {"x-llm-d-slo-tpot-ms": "30", "x-llm-d-slo-ttft-ms": "2000"}
+    now = [100.0]
+    pred = TablePredictor(decode_ttft=600, prefill_ttft=700)
+    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1), clock=lambda: now[0])
+    decider = s.profile_handler.prefill_decider
+
+    def decide():
+        request = InferenceRequest(input_tokens=3000, streaming=True, headers=hdr)
+        return s.schedule(request, pool(decode_running=4)).decision
+
+    assert decide() == "decode-only" and decider.stall_ms("d0", 20.0, now[0]) == pytest.approx(600)
+    assert decide() == "prefill-decode" and decider.reasons == {"ttft": 0, "tpot": 1}
+    now[0] += 1.28
+    assert decider.stall_ms("d0", 20.0, now[0]) == pytest.approx(600 / math.e)
+    now[0] += 10.0
+    assert decide() == "decode-only"
+    assert decider.stall_ms("p0", 20.0, now[0]) == 0.0  # nothing was kept on the prefill endpoint
+
+
+def test_a_late_remote_path_keeps_a_prefill_local_only_while_the_kept_stalls_fit_the_budget():
+    # TPOT 20, SLO 25: a 600 ms local prefill breaks it (29.4), but the prefill pool would
+    # miss the request's 650 ms TTFT SLO (700): the first one stays local. The second one
+    # finds that stall already kept there (20 + 600 / 64 = 29.4 > 25 with nothing added):
+    # keeping more would sink the decode endpoint, so it goes to the prefill pool.
+    hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "650"}
+    now = [100.0]
+    s = Scheduler.from_config(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
+                              rng=random.Random(1), clock=lambda: now[0])
+
+    def decide():
+        request = InferenceRequest(input_tokens=3000, streaming=True, headers=hdr)
+        return s.schedule(request, pool(decode_running=4)).decision
+
+    assert decide() == "decode-only"
+    assert decide() == "prefill-decode" and s.profile_handler.prefill_decider.reasons == {"ttft": 0, "tpot": 1}
+    now[0] += 10.0   # the kept stall has decayed: the exception applies again
+    assert decide() == "decode-only"
+
+
+def test_judge_prefill_pick_judges_the_endpoint_the_prefill_profile_picks():
+    # TTFT = role base + 100 ms per waiting request + 1000 ms x KV use. The prefill profile
+    # (queue-scorer) picks p0 (nothing waiting) although its KV makes it the slower path:
+    # p0 1400 ms, p1 600 ms, local on d0 1000 ms.
+    class KVTable(TablePredictor):
+        def predict_bulk(self, rows):
+            out = super().predict_bulk(rows)
+            return BulkPrediction([t + 1000.0 * r["kv_cache_percentage"] for t, r in zip(out.ttft_ms, rows)],
+                                  out.tpot_ms, "table")
+
+    eps = [Endpoint(name="d0", address="10.0.0.1", port=8000, labels={ROLE: "decode"},
+                    metrics=EndpointMetrics(), prefix_match=PrefixMatch(0, 200, 16)),
+           Endpoint(name="p0", address="10.0.0.2", port=8000, labels={ROLE: "prefill"},
+                    metrics=EndpointMetrics(kv_cache_usage=0.9), prefix_match=PrefixMatch(0, 200, 16)),
+           Endpoint(name="p1", address="10.0.0.3", port=8000, labels={ROLE: "prefill"},
+                    metrics=EndpointMetrics(waiting_queue_size=1), prefix_match=PrefixMatch(0, 200, 16))]
+    pred = KVTable(decode_ttft=1000, prefill_ttft=500)
+    # judgePrefillPick false: the best predicted candidate (p1, 600 < 1000) says yes, and the
+    # request goes to p0
+    s = Scheduler.from_config(config(judgePrefillPick=False), predictor=pred, rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
+    # judging the pick (default): p0's 1400 ms loses to the local 1000 ms
+    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "decode-only" and "prefill" not in res.picks
+    # and a yes keeps the pick the decider judged
+    s = Scheduler.from_config(config(), predictor=KVTable(decode_ttft=1500, prefill_ttft=500), rng=random.Random(1))
+    res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
+    assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
 
 
 def test_no_predictions_means_no_disaggregation():

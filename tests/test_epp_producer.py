@@ -385,10 +385,15 @@ def test_inflight_tokens_and_release():
     t = InFlightTracker()
     a = Endpoint(name="a", prefix_match=PrefixMatch(2, 5, 16))
     b = Endpoint(name="b")
+    t.pre_request(InferenceRequest(request_id="s", input_tokens=100), {"decode": a})
+    # (5 − 2) × 16 + max(0, 100 − 80) = 68 uncached
+    assert (t.load("a").tokens, t.load("a").requests) == (68, 1)
+    t.on_complete("s")
     r = InferenceRequest(request_id="r", input_tokens=100)
     t.pre_request(r, {"decode": a, "prefill": b})
-    # (5 − 2) × 16 + max(0, 100 − 80) = 68 uncached; b has no prefix info -> 100
-    assert (t.load("a").tokens, t.load("a").requests, t.load("b").tokens, t.load("b").requests) == (68, 1, 100, 1)
+    # disaggregated: the prompt is prefill work on b only (b has no prefix info -> 100);
+    # a receives its KV (upstream counts the 68 on a too; docs/pd.md)
+    assert (t.load("a").tokens, t.load("a").requests, t.load("b").tokens, t.load("b").requests) == (0, 1, 100, 1)
     t.on_first_chunk("r")  # tokens released everywhere; the prefill entry completely
     assert (t.load("a").tokens, t.load("a").requests, t.load("b").tokens, t.load("b").requests) == (0, 1, 0, 0)
     t.on_complete("r")

@@ -6,7 +6,11 @@ decode-first (default): run decode; if it picked nothing, stop (the request fail
 an encode profile exists and the encode decider says yes for the decode pick, run
 encode; if a prefill profile exists and the prefill decider says yes, run prefill. A
 stage whose profile picked nothing (e.g. no endpoint with a prefill role) is dropped,
-as a failed profile is upstream, so the request is served decode-only.
+as a failed profile is upstream, so the request is served decode-only. A prefill
+decider with ``judges_prefill_pick = True`` (this project's ``predicted-pd-decider``;
+the upstream ones have none) is asked after the prefill profile ran, with its pick as
+the only candidate, and a yes keeps that pick: the decider judges the prefill endpoint
+the request would really use, not the pool's best.
 prefill-first: run prefill whenever its profile exists (no prefill decider allowed),
 then encode if its decider says yes (asked without a decode endpoint), then decode.
 
@@ -169,9 +173,16 @@ class DisaggProfileHandler:
         if self.encode_profile in profiles and self.encode_decider is not None \
                 and self.encode_decider.disaggregate(request, target, candidates):
             encode_used = self._stage(self.encode_profile, request, profiles, candidates, results)
-        if self.prefill_profile in profiles and self.prefill_decider is not None \
-                and self.prefill_decider.disaggregate(request, target, candidates):
-            prefill_used = self._stage(self.prefill_profile, request, profiles, candidates, results)
+        if self.prefill_profile in profiles and self.prefill_decider is not None:
+            if getattr(self.prefill_decider, "judges_prefill_pick", False):
+                # the decider judges the path the request would take: the prefill profile
+                # runs first and the decider is asked about its pick only
+                pre = profiles[self.prefill_profile].run(request, candidates)
+                if self.prefill_decider.disaggregate(request, target, list(pre.picked[:1])) and pre.picked:
+                    results[self.prefill_profile] = pre
+                    prefill_used = True
+            elif self.prefill_decider.disaggregate(request, target, candidates):
+                prefill_used = self._stage(self.prefill_profile, request, profiles, candidates, results)
         self._count(request, encode_used, prefill_used)
         return results
 
