@@ -11,6 +11,7 @@ import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest
 from epp_client.plugins import LoraAffinityScorer, MaxScorePicker
+from epp_client.plugins.lora_history import RECENT_LIMIT as LIMIT
 from epp_client.plugins.lora_history import LoraRequestHistory
 from epp_client.scheduler import Scheduler, SchedulingProfile
 
@@ -30,43 +31,65 @@ def hist_scorer(**kw):
 
 
 # ------------------------------------------------------------------------ scoring rules
-def test_history_rule_active_without_waiting_scores_one():
+def test_history_rule_active_running_or_in_flight_scores_one_whatever_the_queue():
     s = hist_scorer()
-    eps = [ep("scraped", running={"sql"}), ep("sent", running={"x"}), ep("active-but-waiting", running={"sql"},
-                                                                          waiting={"y"})]
+    eps = [ep("scraped", running={"sql"}), ep("sent", running={"x"}),
+           ep("active-and-waiting", running={"sql"}, waiting={"sql", "y"}),
+           ep("sent-to-full", running={"a", "b", "c", "d"}, waiting={"e"})]
     s.pre_request(req(rid="a"), eps[1])  # history count > 0 makes it active before any scrape
-    scores = s.score(req(), eps)
-    assert scores["scraped"] == 1.0 and scores["sent"] == 1.0
-    # active but the endpoint reports waiting adapters: not 1.0; spare slots -> 0.75
-    assert scores["active-but-waiting"] == 0.75
+    s.pre_request(req(rid="b"), eps[3])
+    # vLLM reports an adapter as waiting whenever one of its requests is queued: that does
+    # not take "active here" away (the first history rule did, and spread adapters out)
+    assert s.score(req(), eps) == {"scraped": 1.0, "sent": 1.0, "active-and-waiting": 1.0, "sent-to-full": 1.0}
 
 
-def test_history_rule_spare_slot_counts_running_history_and_waiting():
+def test_history_rule_spare_slot_counts_history_as_running():
     s = hist_scorer()
-    spare = ep("spare", running={"a"}, max_lora=3)            # {a} ∪ {b (history)} = 2 < 3
-    full = ep("full", running={"a"}, max_lora=2)              # {a} ∪ {b (history)} = 2, not < 2
+    spare = ep("spare", running={"a"}, max_lora=3)            # |{a, b}| + 0 = 2 < 3
+    full = ep("full", running={"a"}, max_lora=2)              # |{a, b}| + 0 = 2, not < 2
     s.pre_request(req("b", "1"), spare)
     s.pre_request(req("b", "2"), full)
-    scores = s.score(req("sql"), [spare, full])
-    assert scores == {"spare": 0.75, "full": 0.0}
+    assert s.score(req("sql"), [spare, full]) == {"spare": 0.8, "full": 0.0}
     # the metric-only scorer sees 1 < 2 on "full": the history is what fills the slot
     assert LoraAffinityScorer().score(req("sql"), [full]) == {"full": 0.8}
 
 
-def test_history_rule_waiting_scales_with_waiting_share():
+def test_history_rule_waiting_counts_like_metric_only():
     s = hist_scorer()
-    eps = [ep("w1", running={"a", "b", "c"}, waiting={"d"}, max_lora=4),          # 0.5 * (1 - 1/4)
-           ep("w2", running={"a", "b"}, waiting={"sql", "d"}, max_lora=4),        # target waiting too
-           ep("w5", running={"a"}, waiting={"b", "c", "d", "e", "f"}, max_lora=4),  # floored at 0
+    eps = [ep("both", running={"a", "b"}, waiting={"a"}, max_lora=4),      # 2 + 1 < 4: spare
+           ep("double", running={"a", "b"}, waiting={"a", "b"}, max_lora=4),  # 2 + 2: an adapter both running and
+           ep("waiting-here", running={"a", "b", "c"}, waiting={"sql"}),     # waiting takes two, as in llm-d
            ep("nomax", waiting={"sql"}, max_lora=0)]
-    assert s.score(req(), eps) == {"w1": 0.375, "w2": 0.25, "w5": 0.0, "nomax": 0.0}
+    assert s.score(req(), eps) == {"both": 0.8, "double": 0.0, "waiting-here": 0.6, "nomax": 0.6}
 
 
-def test_history_rule_full_without_waiting_scores_zero_and_no_adapter_scores_one():
+def test_history_rule_recently_sent_adapter_with_a_spare_slot_scores_0_9():
+    s = hist_scorer()
+    warm, cold, full = ep("warm", running={"a"}), ep("cold", running={"a"}), ep("full", running={"a", "b", "c", "d"})
+    for e in (warm, full):
+        s.pre_request(req("sql", f"old-{e.name}"), e)
+        s.on_complete(f"old-{e.name}")       # finished: no count, but probably still loaded there
+    assert s.history.count("warm", "sql") == 0 and s.history.recent("warm", 4) == {"sql"}
+    assert s.score(req(), [warm, cold, full]) == {"warm": 0.9, "cold": 0.8, "full": 0.0}
+    for i, other in enumerate(("p", "q", "r", "s")):   # four other adapters sent since: evicted by now
+        s.pre_request(req(other, f"n{i}"), warm)
+        s.on_complete(f"n{i}")
+    assert s.score(req(), [warm]) == {"warm": 0.8}
+
+
+def test_history_rule_full_scores_zero_and_no_adapter_scores_one():
     s = hist_scorer()
     eps = [ep("full", running={"a", "b"}, max_lora=2), Endpoint(name="nometrics", metrics=None)]
     assert s.score(req(), eps) == {"full": 0.0, "nometrics": 0.0}
     assert s.score(req(""), eps) == {"full": 1.0, "nometrics": 1.0}
+
+
+def test_history_on_without_history_scores_like_metric_only():
+    """Nothing sent yet: the history rules reduce to llm-d's metric-only rules."""
+    eps = _all_small_states()
+    on, off = hist_scorer(), LoraAffinityScorer()
+    for target in ("sql", "z"):
+        assert on.score(req(target), eps) == off.score(req(target), eps)
 
 
 # ------------------------------------------------------------------------ lifecycle counts
@@ -87,6 +110,19 @@ def test_lifecycle_counts_complete_and_abort_floor_at_zero():
     h.released("2")
     h.released("unknown")
     assert h.count("e", "sql") == 0 and h.adapters("e") == frozenset()
+
+
+def test_recent_keeps_the_last_distinct_adapters_per_endpoint_in_dispatch_order():
+    h = LoraRequestHistory()
+    for i, a in enumerate(("a", "b", "a", "c", "")):
+        h.dispatched(str(i), "e", a)
+    assert h.recent("e", 2) == {"a", "c"} and h.recent("e", 3) == {"a", "b", "c"}
+    assert h.recent("e", 0) == frozenset() and h.recent("other", 4) == frozenset()
+    h.dispatched("5", "e", "b")             # used again: the most recent
+    assert h.recent("e", 2) == {"b", "c"}
+    for i in range(LIMIT + 10):
+        h.dispatched(f"x{i}", "e", f"ad{i}")
+    assert len(h.recent("e", 10 * LIMIT)) == LIMIT
 
 
 def test_scheduler_lifecycle_counts_dispatch_complete_and_abort():
@@ -134,6 +170,7 @@ def test_reconcile_resets_after_two_consecutive_misses_and_forgets_departed_endp
     assert not h.maybe_reconcile(blind, 0.5)     # before the interval
     assert h.maybe_reconcile(shows_chat, 1.0)    # miss 1 for sql; chat seen (waiting); "gone" left
     assert h.count("e", "sql") == 1 and h.count("e", "chat") == 1 and h.count("gone", "sql") == 0
+    assert h.recent("gone", 4) == frozenset() and h.recent("e", 4) == {"sql", "chat"}
     assert h.maybe_reconcile(blind, 2.0)         # miss 2 for sql -> reset; miss 1 for chat
     assert h.count("e", "sql") == 0 and h.count("e", "chat") == 1
     h.released("1")                              # its count was reset: a late completion is a no-op
@@ -204,12 +241,7 @@ schedulingProfiles:
 
 def test_request_history_false_is_the_metric_only_scorer():
     """Exhaustive over small adapter states: identical scores, and no lifecycle state."""
-    adapters = ("sql", "x", "y")
-    subsets = [frozenset(c) for n in range(3) for c in itertools.combinations(adapters, n)]
-    eps = [Endpoint(name=f"e{i}", metrics=EndpointMetrics(active_lora_adapters=a, waiting_lora_adapters=w,
-                                                          max_active_lora=m))
-           for i, (a, w, m) in enumerate(itertools.product(subsets, subsets, (0, 1, 2, 3)))]
-    eps.append(Endpoint(name="none", metrics=None))
+    eps = _all_small_states()
     off = LoraAffinityScorer.from_config({"requestHistory": False})
     sched = Scheduler(profiles=[SchedulingProfile("default", [], [(off, 1.0)], MaxScorePicker())])
     for target in ("sql", "z", ""):
@@ -230,3 +262,13 @@ def test_request_history_false_is_the_metric_only_scorer():
                 want = 0.0
             assert got[e.name] == want, (target, e)
     assert off.history is None
+
+
+def _all_small_states() -> list[Endpoint]:
+    adapters = ("sql", "x", "y")
+    subsets = [frozenset(c) for n in range(3) for c in itertools.combinations(adapters, n)]
+    eps = [Endpoint(name=f"e{i}", metrics=EndpointMetrics(active_lora_adapters=a, waiting_lora_adapters=w,
+                                                          max_active_lora=m))
+           for i, (a, w, m) in enumerate(itertools.product(subsets, subsets, (0, 1, 2, 3)))]
+    eps.append(Endpoint(name="none", metrics=None))
+    return eps

@@ -4,6 +4,9 @@ there that are still running (the request-history half of ``lora-affinity-scorer
 - ``dispatched(request_id, endpoint, adapter)``: +1 (pre-request); a request dispatched
   again (a gateway retry on another endpoint) moves its count there;
 - ``released(request_id)``: -1, floored at 0 (completion or abort); unknown ids are ignored;
+- ``recent(endpoint, n)``: the last ``n`` distinct adapters dispatched to the endpoint,
+  finished or not. An engine keeps an idle adapter loaded until it needs the slot for
+  another one (least recently used first), so these are probably still loaded there;
 - ``reconcile(endpoints)``: compares the counts with the scraped adapter metrics. A count
   the metrics showed neither running nor waiting at two consecutive reconciles is reset
   (its requests are forgotten, so their late completions cannot eat a newer count);
@@ -22,6 +25,8 @@ from ..types import Endpoint
 
 #: A count survives this many consecutive reconciles that do not see its adapter.
 MISSES_BEFORE_RESET = 2
+#: Distinct adapters remembered per endpoint for ``recent`` (far above any ``max_lora``).
+RECENT_LIMIT = 256
 
 
 class LoraRequestHistory:
@@ -32,6 +37,7 @@ class LoraRequestHistory:
         self._counts: dict[str, dict[str, int]] = {}        # endpoint -> adapter -> running requests
         self._misses: dict[tuple[str, str], int] = {}       # (endpoint, adapter) -> consecutive misses
         self._requests: dict[str, tuple[str, str]] = {}     # request id -> (endpoint, adapter)
+        self._recent: dict[str, dict[str, None]] = {}       # endpoint -> adapters dispatched, oldest first
         self._last: float | None = None
         self.resets = 0
         self.reconciles = 0
@@ -44,6 +50,11 @@ class LoraRequestHistory:
         per = self._counts.setdefault(endpoint, {})
         per[adapter] = per.get(adapter, 0) + 1
         self._requests[request_id] = (endpoint, adapter)
+        recent = self._recent.setdefault(endpoint, {})
+        recent.pop(adapter, None)
+        recent[adapter] = None
+        if len(recent) > RECENT_LIMIT:
+            del recent[next(iter(recent))]
 
     def released(self, request_id: str) -> None:
         key = self._requests.pop(request_id, None)
@@ -68,6 +79,13 @@ class LoraRequestHistory:
         """Adapters with a count > 0 on this endpoint."""
         return frozenset(self._counts.get(endpoint, ()))
 
+    def recent(self, endpoint: str, n: int) -> frozenset:
+        """The last ``n`` distinct adapters dispatched to ``endpoint`` (running or finished)."""
+        order = self._recent.get(endpoint)
+        if not order or n <= 0:
+            return frozenset()
+        return frozenset(list(order)[-n:])
+
     # -- reconcile ----------------------------------------------------------------------
     def maybe_reconcile(self, endpoints: Iterable[Endpoint], now: float) -> bool:
         if self._last is None:
@@ -85,6 +103,8 @@ class LoraRequestHistory:
         for e in endpoints:
             m = e.metrics
             seen[e.name] = (m.active_lora_adapters | m.waiting_lora_adapters) if m is not None else frozenset()
+        for endpoint in [e for e in self._recent if e not in seen]:
+            self._forget(endpoint)
         for endpoint in list(self._counts):
             if endpoint not in seen:
                 self._forget(endpoint)
@@ -109,7 +129,8 @@ class LoraRequestHistory:
             del self._requests[rid]
 
     def _forget(self, endpoint: str) -> None:
-        del self._counts[endpoint]
+        self._counts.pop(endpoint, None)
+        self._recent.pop(endpoint, None)
         for key in [k for k in self._misses if k[0] == endpoint]:
             del self._misses[key]
         for rid in [r for r, k in self._requests.items() if k[0] == endpoint]:

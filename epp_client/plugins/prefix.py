@@ -48,19 +48,18 @@ class ApproxPrefixProducer(Plugin):
         """Leading blocks of ``hashes`` cached on ``endpoint``; ``total_blocks`` defaults to
         ``len(hashes)`` (the simulator counts a partial last block too)."""
         with self._lock:
-            lru = self._lru.get(endpoint)
-            n = 0
-            if lru:
-                for h in hashes:
-                    if h not in lru:
-                        break
-                    n += 1
+            n = _leading(self._lru.get(endpoint), hashes)
         return PrefixMatch(n, len(hashes) if total_blocks is None else total_blocks, self.block_size_tokens)
 
     def produce(self, hashes: Sequence, endpoints: Iterable[Endpoint], total_blocks: int | None = None) -> None:
-        """Write each endpoint's :class:`PrefixMatch` for a prompt with these block hashes."""
-        for e in endpoints:
-            e.prefix_match = self.match(e.name, hashes, total_blocks)
+        """Write each endpoint's :class:`PrefixMatch` for a prompt with these block hashes
+        (one lock for all endpoints: this runs for every candidate of every decision)."""
+        total = len(hashes) if total_blocks is None else total_blocks
+        block = self.block_size_tokens
+        lrus = self._lru
+        with self._lock:
+            for e in endpoints:
+                e.prefix_match = PrefixMatch(_leading(lrus.get(e.name), hashes), total, block)
 
     def record(self, endpoint: str, hashes: Sequence) -> PrefixMatch:
         """Record a dispatch; returns the match the request had (for hit-rate accounting)."""
@@ -95,3 +94,14 @@ class ApproxPrefixProducer(Plugin):
     @property
     def hit_ratio(self) -> float:
         return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+def _leading(lru: OrderedDict | None, hashes: Sequence) -> int:
+    """How many leading ``hashes`` are in ``lru``."""
+    n = 0
+    if lru:
+        for h in hashes:
+            if h not in lru:
+                break
+            n += 1
+    return n

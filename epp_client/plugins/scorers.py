@@ -193,12 +193,14 @@ class LoraAffinityScorer(Plugin):
 
     With ``requestHistory: true`` it also remembers what this router sent where
     (:class:`~epp_client.plugins.lora_history.LoraRequestHistory`, driven by the
-    scheduler's lifecycle) and scores, first rule that applies: 1.0 if the adapter is
-    active (scraped running, or a history count > 0) and the endpoint reports no waiting
-    adapters; 0.75 if the distinct adapters there (running ∪ history ∪ waiting) are fewer
-    than ``max_lora``; 0.5 × max(0, 1 − waiting / max_lora) if it reports waiting
-    adapters; else 0. Requests without an adapter score 1.0 everywhere. The history is
-    reconciled with the scraped metrics every ``reconcileIntervalSeconds``.
+    scheduler's lifecycle) and scores the same rules over the running adapters completed
+    by the history (scraped running ∪ adapters with a history count > 0), with one more
+    tier: 1.0 if the adapter is running or in flight there; else 0.9 if |running ∪
+    history| + |waiting| < ``max_lora`` and the adapter is among the last ``max_lora``
+    this router sent there (probably still loaded); else 0.8 if that sum is < ``max_lora``;
+    else 0.6 if the adapter is waiting there; else 0. Requests without an adapter score
+    1.0 everywhere. The history is reconciled with the scraped metrics every
+    ``reconcileIntervalSeconds``.
     """
 
     request_history: bool = param("requestHistory", default=False, doc="also count what this router sent where")
@@ -238,13 +240,13 @@ class LoraAffinityScorer(Plugin):
             running = m.active_lora_adapters if m is not None else frozenset()
             waiting = m.waiting_lora_adapters if m is not None else frozenset()
             max_lora = m.max_active_lora if m is not None else 0
-            sent = history.adapters(e.name)
-            if (target in running or target in sent) and not waiting:
+            active = running | history.adapters(e.name)
+            if target in active:
                 out[e.name] = 1.0
-            elif len(running | sent | waiting) < max_lora:
-                out[e.name] = 0.75
-            elif waiting and max_lora > 0:
-                out[e.name] = 0.5 * max(0.0, 1.0 - len(waiting) / max_lora)
+            elif len(active) + len(waiting) < max_lora:
+                out[e.name] = 0.9 if target in history.recent(e.name, max_lora) else 0.8
+            elif target in waiting:
+                out[e.name] = 0.6
             else:
                 out[e.name] = 0.0
         return out
