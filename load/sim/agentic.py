@@ -121,6 +121,8 @@ class AgenticDriver:
         p = self.progs[pid]
         if req.dispatch_t >= 0:
             p.waits.append(req.dispatch_t - req.arrival)
+        elif req.shed:          # rejected before reaching a server (TTL, capacity): it waited until now
+            p.waits.append(now - req.arrival)
         if req.shed:
             p.failed, p.end = True, now
             return
@@ -134,11 +136,13 @@ class AgenticDriver:
 
 
 def summarize_programs(driver: AgenticDriver) -> dict:
-    """Program completion time, TTFT by turn depth, queue waits and Jain's index over per-program mean waits."""
+    """Program completion time (last turn's end minus the program's arrival; completed programs only),
+    TTFT by turn depth, flow-control queue waits (arrival to dispatch, or to rejection for a
+    request turned away while queued) and Jain's index over the per-program mean waits."""
     progs = list(driver.progs.values())
     done = [p for p in progs if not p.failed and p.end >= 0]
     ct = np.array([p.end - p.arrival for p in done])
-    waits = np.array([r.dispatch_t - r.arrival for r in driver.requests if r.dispatch_t >= 0])
+    waits = np.array([w for p in progs for w in p.waits])
     means = [float(np.mean(p.waits)) for p in progs if p.waits]
     sq = sum(x * x for x in means)
     jain = (sum(means) ** 2 / (len(means) * sq)) if len(means) > 1 and sq > 0 else 1.0
