@@ -19,7 +19,8 @@ A ``...Ref`` names a plugin of the ``plugins`` list, or one of the built-in type
 (``global-strict-fairness-policy``, ``round-robin-fairness-policy``,
 ``program-aware-fairness``, ``utilization-detector``, ``concurrency-detector``,
 ``fcfs-ordering-policy``), which then gets its defaults. Without a ``saturationDetector``
-the first detector of ``plugins`` is used, else a default ``utilization-detector``. Unknown or unsupported keys raise ConfigError naming them.
+the first detector of ``plugins`` is used, else a default ``utilization-detector``.
+Unknown or unsupported keys raise ConfigError naming them.
 """
 from __future__ import annotations
 
