@@ -254,7 +254,7 @@ def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
         seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg, native_note)
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
     else:
-        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note))
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note, per_seed))
     return 0
 
 

@@ -151,3 +151,20 @@ def test_cli_runs_the_agentic_scenario_and_rejects_unknown_orderings(capsys):
     out = capsys.readouterr().out
     assert "completion mean" in out and "token-load+fcfs" in out
     assert simulate_cli.main(["--scenario", "agentic", "--policies", "token-load+edf", "--quiet"]) == 2
+
+
+def test_seeds_report_has_the_program_table_and_the_acceptance_checks():
+    from load.sim import seeds
+    from load.sim.agentic import acceptance
+
+    def m(ct, p99, mx, jain):
+        return {"program_completion_mean_s": ct, "queue_wait_p99_s": p99, "queue_wait_max_s": mx, "jain_index": jain}
+
+    per = {"token-load+fcfs": [m(200.0, 20.0, 25.0, 0.40)], "token-load+turn-priority": [m(160.0, 18.0, 30.0, 0.30)],
+           "token-load+las": [m(170.0, 40.0, 50.0, 0.35)]}
+    [line] = acceptance(per, first_seed=3)
+    assert line.startswith("token-load seed 3: FCFS completion 200.0 s")
+    assert "reduction +20.0%" in line and "max wait 30.0 s = 1.50x FCFS p99 20.0 s" in line
+    assert "Jain FCFS 0.400 LAS 0.350 (-0.050)" in line
+    text = seeds.report("agentic", 3, 1, seeds.aggregate({"1.0": per}), per_seed={"1.0": per})
+    assert "| token-load+turn-priority | 160.0 ± 0.0 s |" in text and "reduction +20.0%" in text

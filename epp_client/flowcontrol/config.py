@@ -169,15 +169,15 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
     ttl = DEFAULT_REQUEST_TTL_S
     if fc.get("defaultRequestTTL") is not None:
         ttl = _duration("flowControl.defaultRequestTTL", fc["defaultRequestTTL"])
-    detector = None
+    detector: Any = None
     sd = fc.get("saturationDetector")
     if sd is not None:
         _keys("flowControl.saturationDetector", sd, ("pluginRef",))
         if sd.get("pluginRef"):
             detector = resolve("flowControl.saturationDetector.pluginRef", sd["pluginRef"], DETECTOR_TYPES)
     if detector is None:
-        detector = (next((p for p in plugins.values() if isinstance(p, tuple(DETECTOR_TYPES.values()))), None)
-                    or UtilizationDetector())
+        detector = next((p for p in plugins.values() if isinstance(p, (UtilizationDetector, ConcurrencyDetector))),
+                        None) or UtilizationDetector()
     controller = FlowController(default, bands, negative, request_ttl_s=ttl,
                                 max_requests=_count("flowControl.maxRequests", fc.get("maxRequests", 0)), clock=clock)
     return FlowControl(controller, detector)
