@@ -3,8 +3,12 @@
 ``FlowGate`` wraps the gateway's routing policy and is itself a request lifecycle
 (:mod:`epp_client.lifecycle`). ``aschedule`` first enqueues the request in its
 band (priority) and flow (fairness id header) and waits until the dispatcher releases
-it: while the pool is saturated (llm-d's utilization detector over the scraped endpoint
-metrics) nothing is released; otherwise the band's fairness policy picks the next flow.
+it: while the pool is saturated (the configured detector: llm-d's utilization detector
+over the scraped endpoint metrics, or its concurrency detector over the gateway's own
+in-flight accounting) nothing is released; otherwise the band's fairness policy picks the
+next flow. Saturation is re-read after every release; a released request counts as in
+flight from its release until its dispatch (``pre_request``) or its failure, so the
+concurrency detector never releases more than its limit in one burst.
 A request rejected for capacity, or still queued after the TTL, gets a denied
 scheduling result: the gateway answers 429 with ``x-llm-d-request-dropped-reason``
 (``rejected-saturated`` / ``rejected-ttl-expired``). A client that disconnects while
@@ -29,6 +33,7 @@ from epp_client.flowcontrol import (
     EndpointLoad,
     FlowControl,
     ProgramAwareFairness,
+    UtilizationDetector,
     build_flow_control,
     fairness_id,
 )
@@ -46,11 +51,13 @@ class FlowGate:
         self.inner = inner
         self.flow = flow
         self.name = f"flow-control+{getattr(inner, 'name', type(inner).__name__)}"
-        flow.detector.metrics_staleness_s = max(flow.detector.metrics_staleness_s, 2 * scrape_interval_s)
+        if isinstance(flow.detector, UtilizationDetector):
+            flow.detector.metrics_staleness_s = max(flow.detector.metrics_staleness_s, 2 * scrape_interval_s)
         self.poll_s = poll_s
         self.states: list = []
         self.by_name: dict[str, EndpointState] = {}
         self._live: dict[str, tuple[str, int, int]] = {}   # dispatched: request id -> (flow, prompt tokens, band)
+        self._released: set[str] = set()    # released by flow control, not yet dispatched or failed
         self.dispatch_log: collections.deque = collections.deque(maxlen=1000)   # (request id, fairness id)
         self.saturation = 1.0
         self._wake: asyncio.Event | None = None
@@ -96,11 +103,17 @@ class FlowGate:
             reason = await fut
         except asyncio.CancelledError:   # client gone or request timeout while queued: leave the queue
             ctl.remove(item)
+            self._released.discard(req.request_id)
             raise
         if reason:
             return _denied(req, reason)
-        result = await self.inner.aschedule(req, endpoints, now)
+        try:
+            result = await self.inner.aschedule(req, endpoints, now)
+        except BaseException:
+            self._released.discard(req.request_id)
+            raise
         if not result.ok:                # released but never sent: no completion will follow
+            self._released.discard(req.request_id)
             ctl.on_complete(item.fairness_id, 0, 0, item.priority)
         return result
 
@@ -113,8 +126,20 @@ class FlowGate:
         return wake
 
     def _loads(self) -> list[EndpointLoad]:
-        return [EndpointLoad(s.metrics.waiting or 0, s.metrics.kv_cache_usage or 0.0,
-                             s.scraped_at if s.scraped_at > 0 else None) for s in self.states]
+        """Per candidate: its scrape and the in-flight counts (the inner policy's accounting)."""
+        tracker = self.inner.inflight
+        out = []
+        for s in self.states:
+            ld = tracker.snapshot(s.name) if tracker is not None else None
+            out.append(EndpointLoad(s.metrics.waiting or 0, s.metrics.kv_cache_usage or 0.0,
+                                    s.scraped_at if s.scraped_at > 0 else None,
+                                    ld.requests if ld else 0, ld.tokens if ld else 0))
+        return out
+
+    def _saturation(self) -> float:
+        self.saturation = self.flow.detector.saturation(self._loads(), time.monotonic(),
+                                                        pending=len(self._released))
+        return self.saturation
 
     async def _dispatcher(self, wake: asyncio.Event) -> None:
         ctl = self.flow.controller
@@ -122,15 +147,15 @@ class FlowGate:
             for item in ctl.expire():
                 if not item.payload.done():
                     item.payload.set_result(REJECTED_TTL)
-            self.saturation = self.flow.detector.saturation(self._loads(), time.monotonic())
             while True:
-                item = ctl.dispatch_next(self.saturation)
+                item = ctl.dispatch_next(self._saturation())
                 if item is None:
                     break
                 self.dispatch_log.append((item.request_id, item.fairness_id))
                 if item.payload.done():     # its client left in the meantime: undo the dispatch
                     ctl.on_complete(item.fairness_id, 0, 0, item.priority)
                 else:
+                    self._released.add(item.request_id)
                     item.payload.set_result("")
             wake.clear()
             try:
@@ -142,6 +167,7 @@ class FlowGate:
     def pre_request(self, request: InferenceRequest, result: SchedulingResult, now: float | None = None, *,
                     endpoint: Endpoint | None = None) -> None:
         self._live[request.request_id] = (fairness_id(request.headers), request.input_tokens, request.priority)
+        self._released.discard(request.request_id)     # from now on the in-flight tracker counts it
         self.inner.pre_request(request, result, now, endpoint=endpoint)
 
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
@@ -153,6 +179,7 @@ class FlowGate:
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
                     output_tokens: int | None = None) -> None:
         live = self._live.pop(request_id, None)
+        self._released.discard(request_id)
         try:
             if live is not None:
                 flow, prompt_tokens, priority = live
@@ -170,7 +197,7 @@ class FlowGate:
     def snapshot(self) -> dict:
         ctl = self.flow.controller
         if self.states:
-            self.saturation = self.flow.detector.saturation(self._loads(), time.monotonic())
+            self._saturation()
         return {"saturation": self.saturation, "queued": ctl.size,
                 "queues": [{"priority": p, "fairness_id": f, "length": n} for (p, f), n in ctl.queue_sizes().items()],
                 "dispatched": [{"request_id": r, "fairness_id": f} for r, f in self.dispatch_log],

@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flow-ttl", type=float, default=60.0,
                    help="request TTL in seconds of the <router>+<ordering> flow-control policies (0: none)")
     p.add_argument("--flow-detector", action="append", default=[], metavar="NAME=VALUE",
-                   help="utilization-detector parameter of the flow-control policies, e.g. queueDepthThreshold=2 "
+                   help="saturation detector of the flow-control policies: type=concurrency-detector (default "
+                        "utilization-detector) or a parameter, e.g. queueDepthThreshold=2, maxConcurrency=16 "
                         "(repeatable; llm-d's defaults otherwise)")
     p.add_argument("--prefill-servers", type=int, default=None,
                    help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
@@ -136,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.flow_detector:
             name, _, value = item.partition("=")
             detector[name] = yaml.safe_load(value) if value else None
-        from epp_client.flowcontrol import UtilizationDetector
+        from epp_client.flowcontrol import make_detector
 
-        UtilizationDetector.from_config(detector or None)   # validate now: ConfigError names the parameter
+        make_detector(detector)   # validate now: ConfigError names the parameter
         for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
             if v is not None and v < 1:
                 raise ValueError(f"{flag}: must be >= 1, got {v}")
@@ -253,7 +254,7 @@ def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
         seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg, native_note)
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
     else:
-        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note))
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note, per_seed))
     return 0
 
 

@@ -8,9 +8,10 @@ import pytest
 
 from epp_client import ConfigError
 from epp_client.config import build_scheduler
-from epp_client.flowcontrol import (REJECTED_CAPACITY, REJECTED_TTL, BandConfig, EndpointLoad, FlowController,
-                                    GlobalStrictFairness, ProgramAwareFairness, QueueView, RoundRobinFairness,
-                                    UtilizationDetector, build_flow_control, fairness_id, jains_index)
+from epp_client.flowcontrol import (REJECTED_CAPACITY, REJECTED_TTL, BandConfig, ConcurrencyDetector, EndpointLoad,
+                                    FlowController, GlobalStrictFairness, ProgramAwareFairness, QueueView,
+                                    RoundRobinFairness, UtilizationDetector, build_flow_control, fairness_id,
+                                    jains_index, make_detector)
 
 
 class Clock:
@@ -222,6 +223,43 @@ def test_utilization_detector_roofline_mean_and_fail_closed():
     assert UtilizationDetector.from_config({"metricsStalenessThreshold": "1s"}).metrics_staleness_s == 1.0
 
 
+def load(requests=0, tokens=0):
+    return EndpointLoad(99, 1.0, None, requests, tokens)     # scraped metrics: ignored by this detector
+
+
+def test_concurrency_detector_modes_defaults_and_pending():
+    d = ConcurrencyDetector()
+    assert (d.concurrency_mode, d.max_concurrency, d.max_token_concurrency, d.headroom) == ("requests", 100, 10**6, 0.0)
+    # requests: in flight over the pool's capacity (endpoints x maxConcurrency); metrics age is irrelevant
+    d = ConcurrencyDetector(max_concurrency=4)
+    assert d.saturation([load(3), load(3)], 0.0) == pytest.approx(0.75)
+    assert d.saturation([load(8), load(0)], 0.0) == 1.0 and d.saturated([load(8), load(0)], 0.0)   # aggregate
+    assert not d.saturated([load(3), load(4)], 0.0)
+    # released but not yet counted by any endpoint: counts as a request
+    assert d.saturated([load(3), load(4)], 0.0, pending=1)
+    assert d.saturation([], 0.0) == 1.0
+    t = ConcurrencyDetector(concurrency_mode="tokens", max_token_concurrency=1000)
+    assert t.saturation([load(50, 500), load(50, 1000)], 0.0) == pytest.approx(0.75)
+    assert t.saturation([load(0, 500)], 0.0, pending=5) == pytest.approx(0.5)    # pending tokens unknown
+    # hybrid: per endpoint the larger ratio, then the mean
+    h = ConcurrencyDetector(concurrency_mode="hybrid", max_concurrency=4, max_token_concurrency=1000)
+    assert h.saturation([load(4, 0), load(0, 500)], 0.0) == pytest.approx(0.75)
+    for bad in ({"concurrencyMode": "bytes"}, {"maxConcurrency": 0}, {"maxTokenConcurrency": -1}, {"headroom": -0.1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            ConcurrencyDetector.from_config(bad)
+
+
+def test_make_detector_picks_the_type_and_validates():
+    assert isinstance(make_detector(None), UtilizationDetector)
+    d = make_detector({"type": "concurrency-detector", "maxConcurrency": 16})
+    assert isinstance(d, ConcurrencyDetector) and d.max_concurrency == 16
+    assert make_detector({"queueDepthThreshold": 2}).queue_depth_threshold == 2
+    with pytest.raises(ConfigError, match="type"):
+        make_detector({"type": "nope"})
+    with pytest.raises(ConfigError, match="maxConcurrency"):
+        make_detector({"maxConcurrency": 4})            # not a utilization-detector parameter
+
+
 # ---- the controller --------------------------------------------------------------------------
 def test_controller_holds_everything_while_saturated_then_dispatches():
     c = Clock()
@@ -322,6 +360,12 @@ def test_flow_control_config_section():
     plain = build_flow_control("flowControl: {}")
     assert isinstance(plain.controller.default_band.policy, type(None)) and plain.controller.request_ttl_s == 60.0
     assert isinstance(plain.controller._band(0).policy, GlobalStrictFairness)
+    assert isinstance(plain.detector, UtilizationDetector)
+    conc = build_flow_control("plugins: [{type: concurrency-detector, parameters: {maxConcurrency: 8}}]\n"
+                              "flowControl: {}")
+    assert isinstance(conc.detector, ConcurrencyDetector) and conc.detector.max_concurrency == 8
+    ref = build_flow_control("flowControl: {saturationDetector: {pluginRef: concurrency-detector}}")
+    assert isinstance(ref.detector, ConcurrencyDetector) and ref.detector.max_concurrency == 100
 
 
 @pytest.mark.parametrize("text,where", [
@@ -337,6 +381,10 @@ def test_flow_control_config_section():
      "plugins[0].parameters.lasHalfLifeSeconds"),
     ("plugins: [{type: utilization-detector}]\nflowControl: {defaultPriorityBand: {fairnessPolicyRef: utilization-detector}}",
      "flowControl.defaultPriorityBand.fairnessPolicyRef"),
+    ("plugins: [{type: concurrency-detector, parameters: {concurrencyMode: bytes}}]\nflowControl: {}",
+     "plugins[0].parameters.concurrencyMode"),
+    ("flowControl: {saturationDetector: {pluginRef: global-strict-fairness-policy}}",
+     "flowControl.saturationDetector.pluginRef"),
 ])
 def test_flow_control_config_errors_name_the_field(text, where):
     with pytest.raises(ConfigError) as e:

@@ -108,3 +108,36 @@ def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_pa
         assert 'latency_gateway_requests_total{path="/v1/completions",status="429"} 2.0' in m
     finally:
         srv.stop()
+
+
+CONCURRENCY = """
+plugins:
+- type: concurrency-detector
+  parameters: {maxConcurrency: 1}
+- type: queue-scorer
+- type: max-score-picker
+flowControl:
+  defaultRequestTTL: 30s
+  defaultPriorityBand: {fairnessPolicyRef: global-strict-fairness-policy}
+"""
+
+
+def test_concurrency_detector_never_lets_more_than_the_limit_reach_the_engines(tmp_path, engines):
+    """Two endpoints x maxConcurrency 1: six requests at once reach the engines two at a time,
+    the rest wait in the flow-control queue (released requests count before they are dispatched)."""
+    for e in engines:
+        e.state.first_token_delay = 0.3
+    srv = start(tmp_path, [e.url for e in engines], CONCURRENCY)
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            futs = [pool.submit(post, srv.url, f"p{i}") for i in range(6)]
+            peak, queued = 0, 0
+            while not all(f.done() for f in futs):
+                peak = max(peak, sum(e.state.active for e in engines))
+                queued = max(queued, httpx.get(srv.url + "/gateway/flow").json()["queued"])
+                time.sleep(0.01)
+            assert all(f.result().status_code == 200 for f in futs)
+        assert peak == 2 and queued >= 3
+        assert sum(len(e.state.received) for e in engines) == 6
+    finally:
+        srv.stop()

@@ -6,7 +6,9 @@ import pytest
 
 from load import simulate_cli
 from load.sim import bench
-from load.sim.agentic import AgenticDriver, programs, scaled
+from load.sim import epp_routers
+from load.sim.agentic import AgenticDriver, programs, scaled, summarize_programs
+from load.sim.driver import BaseRouter
 from load.sim.engine import ClusterConfig, Simulation
 from load.sim.flowsim import FlowSimRouter, make, split
 from load.sim.routers import LeastQueueRouter
@@ -77,6 +79,53 @@ def test_ttl_expiry_rejects_and_ends_the_program():
     assert failed and all(p.end >= 0 for p in failed)
     shed = [r for r in res.requests if r.shed]
     assert all(r.dispatch_t < 0 for r in shed) and all(not r.done for r in shed)
+    # a rejected request's queue wait (arrival to rejection, >= the TTL) is part of the wait statistics
+    m = summarize_programs(driver)
+    assert m["queue_wait_max_s"] >= 0.2
+    assert all(max(p.waits) >= 0.2 for p in failed)
+
+
+CONC = {"type": "concurrency-detector", "maxConcurrency": 2}
+
+
+def test_concurrency_detector_caps_the_pool_and_the_flow_queue_holds_the_rest():
+    opts = bench.RunOptions(seed=0)
+    progs = scaled(programs(40, seed=2), 2.0)
+    inner = epp_routers.make("llmd-token-load", opts, 2)
+    router = make("token-load+fcfs", inner, 60.0, CONC)
+    driver = AgenticDriver(progs, SloClass(), SPEC)
+    router.driver = driver
+    sim = Simulation(ClusterConfig([SPEC] * 2), driver.initial_requests(), router)
+    in_servers: list[int] = []
+    forward = router.on_dispatch
+
+    def on_dispatch(req, idx, now):              # requests on the servers right after each dispatch
+        forward(req, idx, now)
+        in_servers.append(sum(len(s.running) + len(s.waiting) for s in sim.servers))
+
+    router.on_dispatch = on_dispatch
+    res = sim.run()
+    assert max(in_servers) == 4                  # 2 servers x maxConcurrency 2: never more, in one burst or not
+    waits = [r.dispatch_t - r.arrival for r in res.requests if r.dispatch_t >= 0]
+    assert max(waits) > 1.0                      # the rest waited in the flow-control queue
+    assert all(r.done for r in res.requests if not r.shed)
+
+
+def test_concurrency_detector_needs_in_flight_accounting_and_the_scenario_chooses_its_detector():
+    class Bare(BaseRouter):                      # routes, but counts nothing in flight
+        def route(self, req, now):
+            return 0
+
+    with pytest.raises(ValueError, match="in-flight accounting"):
+        Simulation(ClusterConfig([SPEC]), [], make("x+fcfs", Bare(), 60.0, CONC)).run()
+    sc = get_scenario("agentic")
+    assert dict(sc.flow_detector)["type"] == "concurrency-detector"
+    progs, cap = bench.prepare(sc, bench.RunOptions(seed=0, limit=8))
+    _, _, router = bench.run_one(sc, progs, cap, 1.0, "token-load+fcfs", bench.RunOptions(seed=0, limit=8))
+    assert router.flow.detector.max_concurrency == dict(sc.flow_detector)["maxConcurrency"]
+    opts = bench.RunOptions(seed=0, limit=8, flow_detector={"type": "utilization-detector"})
+    _, _, router = bench.run_one(sc, progs, cap, 1.0, "token-load+fcfs", opts)
+    assert router.flow.detector.TYPE == "utilization-detector"       # an explicit detector wins
 
 
 def test_policy_names_and_the_agentic_benchmark_metrics():
@@ -102,3 +151,20 @@ def test_cli_runs_the_agentic_scenario_and_rejects_unknown_orderings(capsys):
     out = capsys.readouterr().out
     assert "completion mean" in out and "token-load+fcfs" in out
     assert simulate_cli.main(["--scenario", "agentic", "--policies", "token-load+edf", "--quiet"]) == 2
+
+
+def test_seeds_report_has_the_program_table_and_the_acceptance_checks():
+    from load.sim import seeds
+    from load.sim.agentic import acceptance
+
+    def m(ct, p99, mx, jain):
+        return {"program_completion_mean_s": ct, "queue_wait_p99_s": p99, "queue_wait_max_s": mx, "jain_index": jain}
+
+    per = {"token-load+fcfs": [m(200.0, 20.0, 25.0, 0.40)], "token-load+turn-priority": [m(160.0, 18.0, 30.0, 0.30)],
+           "token-load+las": [m(170.0, 40.0, 50.0, 0.35)]}
+    [line] = acceptance(per, first_seed=3)
+    assert line.startswith("token-load seed 3: FCFS completion 200.0 s")
+    assert "reduction +20.0%" in line and "max wait 30.0 s = 1.50x FCFS p99 20.0 s" in line
+    assert "Jain FCFS 0.400 LAS 0.350 (-0.050)" in line
+    text = seeds.report("agentic", 3, 1, seeds.aggregate({"1.0": per}), per_seed={"1.0": per})
+    assert "| token-load+turn-priority | 160.0 ± 0.0 s |" in text and "reduction +20.0%" in text

@@ -4,7 +4,8 @@ saturation detector, and fairness policies (llm-d's flow-control layer, B4.5).
 Public API::
 
     from epp_client.flowcontrol import (ProgramAwareFairness, GlobalStrictFairness, RoundRobinFairness,
-                                        QueueView, FlowController, UtilizationDetector, EndpointLoad,
+                                        QueueView, FlowController, UtilizationDetector, ConcurrencyDetector,
+                                        EndpointLoad, make_detector,
                                         build_flow_control, fairness_id)
 
     policy = ProgramAwareFairness(strategy="turn-priority", clock=my_clock)
@@ -15,13 +16,14 @@ Public API::
     item, reason = fc.controller.enqueue(request_id, fairness_id(headers), priority)
     nxt = fc.controller.dispatch_next(fc.detector.saturation(loads, now))
 """
-from .config import FLOW_PLUGIN_TYPES, FlowControl, build_flow_control
+from .config import FLOW_PLUGIN_TYPES, FlowControl, build_flow_control, make_detector
 from .controller import DROPPED_REASON_HEADER, REJECTED_CAPACITY, REJECTED_TTL, BandConfig, FlowController, FlowItem
 from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView, RoundRobinFairness, fairness_id
 from .program_aware import ProgramAwareFairness, jains_index
-from .saturation import USAGE_LIMIT, EndpointLoad, UtilizationDetector
+from .saturation import DETECTOR_TYPES, USAGE_LIMIT, ConcurrencyDetector, EndpointLoad, UtilizationDetector
 
 __all__ = ["ProgramAwareFairness", "GlobalStrictFairness", "RoundRobinFairness", "QueueView", "FlowController",
-           "FlowItem", "BandConfig", "UtilizationDetector", "EndpointLoad", "USAGE_LIMIT", "build_flow_control",
+           "FlowItem", "BandConfig", "UtilizationDetector", "ConcurrencyDetector",
+           "DETECTOR_TYPES", "make_detector", "EndpointLoad", "USAGE_LIMIT", "build_flow_control",
            "FlowControl", "FLOW_PLUGIN_TYPES", "fairness_id", "DEFAULT_FLOW", "jains_index",
            "DROPPED_REASON_HEADER", "REJECTED_CAPACITY", "REJECTED_TTL"]

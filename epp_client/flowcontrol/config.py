@@ -6,7 +6,7 @@ Flow control is off when the section is absent. Accepted shape (upstream's field
     - type: program-aware-fairness
       parameters: {strategy: turn-priority, turnPriorityTimeWeight: 0.5}
     - type: utilization-detector            # optional: defaults are used without it
-      parameters: {queueDepthThreshold: 5}
+      parameters: {queueDepthThreshold: 5}  # (or concurrency-detector: {maxConcurrency: 16})
     flowControl:
       maxRequests: 0                        # all bands together; 0 = no limit
       defaultRequestTTL: 60s                # queue-wait budget; "0s" disables it
@@ -17,8 +17,10 @@ Flow control is off when the section is absent. Accepted shape (upstream's field
 
 A ``...Ref`` names a plugin of the ``plugins`` list, or one of the built-in types directly
 (``global-strict-fairness-policy``, ``round-robin-fairness-policy``,
-``program-aware-fairness``, ``utilization-detector``, ``fcfs-ordering-policy``), which
-then gets its defaults. Unknown or unsupported keys raise ConfigError naming them.
+``program-aware-fairness``, ``utilization-detector``, ``concurrency-detector``,
+``fcfs-ordering-policy``), which then gets its defaults. Without a ``saturationDetector``
+the first detector of ``plugins`` is used, else a default ``utilization-detector``.
+Unknown or unsupported keys raise ConfigError naming them.
 """
 from __future__ import annotations
 
@@ -33,12 +35,13 @@ from ..types import ConfigError
 from .controller import BandConfig, FlowController
 from .policies import GlobalStrictFairness, RoundRobinFairness
 from .program_aware import ProgramAwareFairness
-from .saturation import UtilizationDetector
+from .saturation import DETECTOR_TYPES, ConcurrencyDetector, UtilizationDetector
 
 FAIRNESS_TYPES = {c.TYPE: c for c in (GlobalStrictFairness, RoundRobinFairness, ProgramAwareFairness)}
 ORDERING_TYPES = frozenset({"fcfs-ordering-policy"})
 #: plugin types that belong to flow control (the scheduler's config builder skips them)
-FLOW_PLUGIN_TYPES = frozenset({*FAIRNESS_TYPES, UtilizationDetector.TYPE, *ORDERING_TYPES})
+FLOW_PLUGIN_TYPES = frozenset({*FAIRNESS_TYPES, *DETECTOR_TYPES, *ORDERING_TYPES})
+Detector = UtilizationDetector | ConcurrencyDetector
 
 _FC_KEYS = ("maxRequests", "defaultRequestTTL", "defaultPriorityBand", "defaultNegativePriorityBand",
             "priorityBands", "saturationDetector")
@@ -50,7 +53,17 @@ DEFAULT_REQUEST_TTL_S = 60.0
 @dataclass
 class FlowControl:
     controller: FlowController
-    detector: UtilizationDetector
+    detector: Detector
+
+
+def make_detector(spec: Mapping | None = None) -> Detector:
+    """A detector from ``{type: ..., <camelCase parameters>}`` (type default ``utilization-detector``)."""
+    spec = dict(spec or {})
+    dtype = spec.pop("type", None) or UtilizationDetector.TYPE
+    cls = DETECTOR_TYPES.get(dtype)
+    if cls is None:
+        raise ConfigError("saturationDetector.type", f"unknown detector {dtype!r} (known: {', '.join(DETECTOR_TYPES)})")
+    return cls.from_config(spec or None)
 
 
 def _count(loc: str, v: Any) -> int:
@@ -105,7 +118,7 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
         if ptype in ORDERING_TYPES:
             plugins[name] = ptype
             continue
-        cls = FAIRNESS_TYPES.get(ptype, UtilizationDetector)
+        cls = FAIRNESS_TYPES.get(ptype) or DETECTOR_TYPES[ptype]
         try:
             plugins[name] = cls.from_config(spec.get("parameters"), clock=clock)
         except ConfigError as e:
@@ -156,16 +169,15 @@ def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] 
     ttl = DEFAULT_REQUEST_TTL_S
     if fc.get("defaultRequestTTL") is not None:
         ttl = _duration("flowControl.defaultRequestTTL", fc["defaultRequestTTL"])
-    detector = None
+    detector: Any = None
     sd = fc.get("saturationDetector")
     if sd is not None:
         _keys("flowControl.saturationDetector", sd, ("pluginRef",))
         if sd.get("pluginRef"):
-            detector = resolve("flowControl.saturationDetector.pluginRef", sd["pluginRef"],
-                               {UtilizationDetector.TYPE: UtilizationDetector})
+            detector = resolve("flowControl.saturationDetector.pluginRef", sd["pluginRef"], DETECTOR_TYPES)
     if detector is None:
-        detector = (next((p for p in plugins.values() if isinstance(p, UtilizationDetector)), None)
-                    or UtilizationDetector())
+        detector = next((p for p in plugins.values() if isinstance(p, (UtilizationDetector, ConcurrencyDetector))),
+                        None) or UtilizationDetector()
     controller = FlowController(default, bands, negative, request_ttl_s=ttl,
                                 max_requests=_count("flowControl.maxRequests", fc.get("maxRequests", 0)), clock=clock)
     return FlowControl(controller, detector)

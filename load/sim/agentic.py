@@ -121,6 +121,8 @@ class AgenticDriver:
         p = self.progs[pid]
         if req.dispatch_t >= 0:
             p.waits.append(req.dispatch_t - req.arrival)
+        elif req.shed:          # rejected before reaching a server (TTL, capacity): it waited until now
+            p.waits.append(now - req.arrival)
         if req.shed:
             p.failed, p.end = True, now
             return
@@ -134,11 +136,13 @@ class AgenticDriver:
 
 
 def summarize_programs(driver: AgenticDriver) -> dict:
-    """Program completion time, TTFT by turn depth, queue waits and Jain's index over per-program mean waits."""
+    """Program completion time (last turn's end minus the program's arrival; completed programs only),
+    TTFT by turn depth, flow-control queue waits (arrival to dispatch, or to rejection for a
+    request turned away while queued) and Jain's index over the per-program mean waits."""
     progs = list(driver.progs.values())
     done = [p for p in progs if not p.failed and p.end >= 0]
     ct = np.array([p.end - p.arrival for p in done])
-    waits = np.array([r.dispatch_t - r.arrival for r in driver.requests if r.dispatch_t >= 0])
+    waits = np.array([w for p in progs for w in p.waits])
     means = [float(np.mean(p.waits)) for p in progs if p.waits]
     sq = sum(x * x for x in means)
     jain = (sum(means) ** 2 / (len(means) * sq)) if len(means) > 1 and sq > 0 else 1.0
@@ -181,3 +185,36 @@ def table(per_policy) -> str:
     for pol, m in per_policy.items():
         rows.append(f"| {pol} | " + " | ".join(fmt(m.get(k), kind) for _, k, kind in AGENTIC_COLUMNS) + " |")
     return "\n".join(rows)
+
+
+#: the seeds report's program columns: (title, metric key, unit)
+SEED_PROGRAM_COLUMNS = (("completion mean", "program_completion_mean_s", "s"),
+                        ("completion p90", "program_completion_p90_s", "s"), ("failed", "programs_failed", "n"),
+                        ("wait p99", "queue_wait_p99_s", "s"), ("wait max", "queue_wait_max_s", "s"),
+                        ("Jain (waits)", "jain_index", "x"), ("prefix hit", "prefix_hit_rate", "pct"))
+
+
+def acceptance(per_policy: dict, first_seed: int = 0, base: str = "fcfs") -> list[str]:
+    """Issue 16's checks per seed for one load: ``{policy: [metrics per seed]}`` with
+    ``<router>+fcfs``, ``+turn-priority`` and ``+las`` of the same router. Turn-priority's
+    reduction of mean program completion time against FCFS (``1 - TP/FCFS``), its longest
+    queue wait against FCFS's p99 wait, and LAS's Jain's index minus FCFS's."""
+    out = []
+    for pol, runs in per_policy.items():
+        router, _, ordering = pol.partition("+")
+        if ordering != base:
+            continue
+        tp, las = per_policy.get(f"{router}+turn-priority"), per_policy.get(f"{router}+las")
+        for k, f in enumerate(runs):
+            parts = [f"{router} seed {first_seed + k}: FCFS completion {f['program_completion_mean_s']:.1f} s"]
+            if tp:
+                t = tp[k]
+                ct, ct0 = t["program_completion_mean_s"], f["program_completion_mean_s"]
+                mx, p99 = t["queue_wait_max_s"], f["queue_wait_p99_s"]
+                parts.append(f"turn-priority {ct:.1f} s (reduction {100 * (1 - ct / ct0):+.1f}%), "
+                             f"max wait {mx:.1f} s = {mx / p99:.2f}x FCFS p99 {p99:.1f} s")
+            if las:
+                parts.append(f"Jain FCFS {f['jain_index']:.3f} LAS {las[k]['jain_index']:.3f} "
+                             f"({las[k]['jain_index'] - f['jain_index']:+.3f})")
+            out.append("; ".join(parts))
+    return out

@@ -1,6 +1,7 @@
 """Run a scenario: every policy on the same arrivals, at each load level."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ class RunOptions:
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
-    flow_detector: dict = field(default_factory=dict)   # their utilization-detector parameters (camelCase)
+    flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
     extra: dict = field(default_factory=dict)
 
 
@@ -103,6 +104,8 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     if is_pd_policy(policy):
         from . import pd_bench
         return pd_bench.run_one(scenario, arrivals, capacity, load, policy, opts, progress)
+    if not opts.flow_detector and scenario.flow_detector:    # the scenario's detector unless one is given
+        opts = dataclasses.replace(opts, flow_detector=dict(scenario.flow_detector))
     router = make_router(policy, opts, len(scenario.servers))
     driver = None
     if scenario.programs is not None:      # closed loop: the driver injects each next turn

@@ -4,9 +4,11 @@ simulated time.
 ``FlowSimRouter`` wraps a router. Without flow control it only forwards (and tells a
 closed-loop workload driver when a request ends). With flow control every arrival is
 enqueued (one FIFO per fairness id = the request's program, bands by priority); while
-the pool's scraped metrics say it is saturated (llm-d's utilization detector) requests
-wait, otherwise the fairness policy picks the flow that dispatches next and the inner
-router picks its endpoint. Waiting requests are re-examined at every completion and at
+the pool is saturated requests wait, otherwise the fairness policy picks the flow that
+dispatches next and the inner router picks its endpoint. Saturation is read again after
+every dispatch, by llm-d's utilization detector (the scraped metrics) or its concurrency
+detector (the inner policy's in-flight accounting, which a dispatch updates at once).
+Waiting requests are re-examined at every completion and at
 every scrape interval; a request that waits longer than the TTL, or finds its band full,
 is rejected (shed) with upstream's reason. Policy names: ``<router>+<ordering>``, e.g.
 ``token-load+turn-priority`` (router ``token-load`` = ``llmd-token-load``).
@@ -19,14 +21,15 @@ from typing import TYPE_CHECKING
 from epp_client.flowcontrol import (
     REJECTED_TTL,
     BandConfig,
+    ConcurrencyDetector,
     EndpointLoad,
     FlowControl,
     FlowController,
     GlobalStrictFairness,
     ProgramAwareFairness,
     RoundRobinFairness,
-    UtilizationDetector,
     build_flow_control,
+    make_detector,
 )
 
 from .engine import DEFERRED
@@ -73,6 +76,13 @@ class FlowSimRouter:
         self.inner.bind(sim)
         if self.driver is not None:
             self.driver.bind(sim)
+        if isinstance(getattr(self.flow, "detector", None), ConcurrencyDetector) and self._tracker() is None:
+            raise ValueError(f"{self.name}: concurrency-detector needs a router with in-flight accounting "
+                             "(an llm-d policy), not " + type(self.inner).__name__)
+
+    def _tracker(self):
+        """The inner policy's in-flight accounting (``inflight-load-producer``), if it keeps one."""
+        return getattr(getattr(self.inner, "lifecycle", None), "inflight", None)
 
     def route(self, req: SimRequest, now: float):
         if self.flow is None:
@@ -126,10 +136,8 @@ class FlowSimRouter:
         ctl, det = self.flow.controller, self.flow.detector
         for item in ctl.expire():
             self._reject(item.payload, REJECTED_TTL, now)
-        loads = [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in sim.scraped]
-        sat = det.saturation(loads, now)
-        while True:
-            item = ctl.dispatch_next(sat)
+        while True:       # saturation again after every dispatch: in-flight counts change at once
+            item = ctl.dispatch_next(det.saturation(self._loads(), now))
             if item is None:
                 break
             if not self._send(item.payload, now):
@@ -138,6 +146,19 @@ class FlowSimRouter:
             nxt = now + sim.cluster.scrape_interval_s
             exp = ctl.next_expiry()
             self._wake(min(nxt, exp) if exp is not None and exp > now else nxt)
+
+    def _loads(self) -> list[EndpointLoad]:
+        """Per server: its scraped metrics and the inner router's in-flight counts (when it keeps them)."""
+        sim = self._sim()
+        tracker = self._tracker()
+        names = [e.name for e in getattr(self.inner, "endpoints", ())]
+        if tracker is None or len(names) != len(sim.scraped):
+            return [EndpointLoad(m.waiting, m.kv_cache_usage, m.time) for m in sim.scraped]
+        out = []
+        for m, name in zip(sim.scraped, names):
+            ld = tracker.snapshot(name)
+            out.append(EndpointLoad(m.waiting, m.kv_cache_usage, m.time, ld.requests, ld.tokens))
+        return out
 
     def _wake(self, t: float) -> None:
         if self._wake_at is None or t < self._wake_at:
@@ -188,7 +209,8 @@ def split(policy: str) -> tuple[str, str] | None:
 
 def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None) -> FlowSimRouter:
     """``<router>+<ordering>``: flow control with one default band using that ordering;
-    ``detector``: utilization-detector parameters (camelCase; llm-d's defaults otherwise)."""
+    ``detector``: the saturation detector's ``type`` (default ``utilization-detector``) and
+    parameters (camelCase; llm-d's defaults otherwise)."""
     parts = split(policy)
     if parts is None:
         raise ValueError(f"{policy!r} is not a flow-control policy (<router>+<ordering>)")
@@ -196,11 +218,15 @@ def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None 
     router = FlowSimRouter(inner, None, name=policy)
     pol = _policy(ordering, router.now)
     router.flow = FlowControl(FlowController(BandConfig(pol), request_ttl_s=request_ttl_s, clock=router.now),
-                              UtilizationDetector.from_config(detector or None))
+                              make_detector(detector))
     router.description = (f"flow control ({ordering} across programs, request TTL {request_ttl_s:g} s, "
-                          f"llm-d utilization detector {detector or 'with its defaults'}) in front of: "
-                          + router.description)
+                          f"llm-d {router.flow.detector.TYPE} {_params(detector) or 'with its defaults'}) "
+                          "in front of: " + router.description)
     return router
+
+
+def _params(detector: dict | None) -> dict:
+    return {k: v for k, v in (detector or {}).items() if k != "type"}
 
 
 def from_config(inner, config_text: str) -> FlowSimRouter:

@@ -31,6 +31,9 @@ class Scenario:
     programs: Callable[[int], list] | None = None   # closed-loop program scenarios: seed -> programs
     lora: LoraSetup | None = None              # adapter slots + each request's adapter (multi-LoRA)
     pd: object = None                          # pd_bench.PDSetup: prefill/decode pools of the same GPU count
+    flow_detector: tuple = ()                  # the <router>+<ordering> policies' saturation detector
+                                               # ((key, value) pairs: type + camelCase parameters);
+                                               # () = llm-d's utilization detector with its defaults
 
     def cluster_desc(self) -> str:
         names: dict[str, int] = {}
@@ -119,7 +122,8 @@ _add(Scenario("agentic", "agentic programs (Poisson arrivals; 2-48 turns, median
               "between turns; each turn's prompt = the previous context + answer + a tool result, so the "
               "previous turn is the shared prefix) on 4 Llama-3-8B / A100 servers with a 300k-token KV cache; "
               "load 1.0 = the pool's capacity with a perfect prefix cache", lambda seed: [],
-              _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000), programs=_agentic_programs))
+              _pool("llama3-8b-a100", 4, kv_capacity_tokens=300_000), programs=_agentic_programs,
+              flow_detector=(("type", "concurrency-detector"), ("maxConcurrency", 16))))
 
 
 def get_scenario(name: str) -> Scenario:

@@ -60,21 +60,35 @@ def _fmt(s: dict | None, unit: str) -> str:
         return f"{m / 1000:.2f} ± {sd / 1000:.2f} s" if m >= 10_000 else f"{m:.0f} ± {sd:.0f}"
     if unit == "rps":
         return f"{m:.2f} ± {sd:.2f}"
+    if unit == "s":
+        return f"{m:.1f} ± {sd:.1f} s"
+    if unit == "x":
+        return f"{m:.3f} ± {sd:.3f}"
     return f"{m:.0f} ± {sd:.0f}"
 
 
-def table(per_policy: dict) -> str:
-    rows = ["| policy | " + " | ".join(c[0] for c in SEED_COLUMNS) + " |", "|---|" + "---|" * len(SEED_COLUMNS)]
+def table(per_policy: dict, columns: tuple = SEED_COLUMNS) -> str:
+    rows = ["| policy | " + " | ".join(c[0] for c in columns) + " |", "|---|" + "---|" * len(columns)]
     for pol, stats in per_policy.items():
-        rows.append(f"| {pol} | " + " | ".join(_fmt(stats.get(k), u) for _, k, u in SEED_COLUMNS) + " |")
+        rows.append(f"| {pol} | " + " | ".join(_fmt(stats.get(k), u) for _, k, u in columns) + " |")
     return "\n".join(rows)
 
 
-def report(scenario_name: str, first_seed: int, n_seeds: int, agg: dict, note: str | None = None) -> str:
+def report(scenario_name: str, first_seed: int, n_seeds: int, agg: dict, note: str | None = None,
+           per_seed: dict | None = None) -> str:
+    """The seeds table per load; for a program scenario also the program table and, from
+    ``per_seed``, the agentic acceptance checks per seed."""
+    from .agentic import SEED_PROGRAM_COLUMNS, acceptance
+
     seeds = f"seeds {first_seed}..{first_seed + n_seeds - 1}"
     parts = [f"# `{scenario_name}`: mean ± std over {seeds}"] + ([f"\n{note}"] if note else [])
     for label, per in agg.items():
         parts.append(f"\nload {label}\n" + table(per))
+        if any("program_completion_mean_s" in st for st in per.values()):
+            parts.append("\nprograms\n" + table(per, SEED_PROGRAM_COLUMNS))
+            checks = acceptance((per_seed or {}).get(label, {}), first_seed)
+            if checks:
+                parts.append("\n" + "\n".join(f"- {c}" for c in checks))
     return "\n".join(parts) + "\n"
 
 
@@ -84,4 +98,4 @@ def write(out: Path, scenario_name: str, first_seed: int, n_seeds: int, per_seed
     doc = {"scenario": scenario_name, "seeds": list(range(first_seed, first_seed + n_seeds)),
            "aggregate": agg, "per_seed": per_seed, **({"native_load": note} if note else {})}
     (out / "results.json").write_text(json.dumps(_clean(doc), indent=1))
-    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg, note))
+    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg, note, per_seed))
