@@ -243,7 +243,7 @@ def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
 
     bar = bench.ProgressBar(args.seeds * len(loads) * len(policies), enabled=not args.quiet)
     try:
-        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar)
+        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar, args.workers)
     finally:
         bar.close()
         if opts.record_trace is not None:
