@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from load.sim import bench
+from load.sim import bench, parallel
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
 
@@ -60,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
     p.add_argument("--decode-servers", type=int, default=None,
                    help="P/D policies (pd-*): decode servers (with --prefill-servers: any GPU count)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="run the (load, policy) simulations in this many processes (default: the cores available; "
+                        "1 with --record-trace); the results are the same for any count")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
             if v is not None and v < 1:
                 raise ValueError(f"{flag}: must be >= 1, got {v}")
+        if args.workers is None:
+            args.workers = parallel.default_workers()
+        if args.workers < 1:
+            raise ValueError(f"--workers: must be >= 1, got {args.workers}")
         if args.seeds < 1:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
@@ -189,22 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     wall: dict = {}
     notes: dict = {}
     try:
-        for label, load in loads:
-            results[label] = {}
-            for pol in policies:
-                bar.start(f"load {label} {pol}")
-                t0, c0 = time.monotonic(), time.process_time()
-                m, r, router = bench.run_one(scenario, arrivals, capacity, load, pol, opts, bar.update)
-                wall[(label, pol)] = (time.monotonic() - t0, time.process_time() - c0)
-                results[label][pol] = m
-                raw[(label, pol)] = r
-                notes[pol] = getattr(router, "description", "") or " ".join(
-                    (router.__doc__ or "").strip().split("\n\n")[0].split())
-                bar.finish_run()
+        runs = parallel.run_sweep(scenario, arrivals, capacity, loads, policies, opts, args.workers, bar)
     finally:
         bar.close()
         if trace is not None:
             trace.close()
+    for (label, pol), (m, r, note, w, c) in runs.items():
+        results.setdefault(label, {})[pol] = m
+        raw[(label, pol)] = r
+        notes[pol] = note
+        wall[(label, pol)] = (w, c)
     slo = [f"{c.name}: share {c.share:g}, TTFT <= {c.ttft_ms:g} ms"
            + (f" + {c.ttft_ms_per_1k_input:g} ms/1k input" if c.ttft_ms_per_1k_input else "")
            + (f" + {c.ttft_slowdown:g} x idle prefill time" if c.ttft_slowdown else "")
@@ -244,7 +244,7 @@ def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
 
     bar = bench.ProgressBar(args.seeds * len(loads) * len(policies), enabled=not args.quiet)
     try:
-        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar)
+        per_seed = seeds.run_seeds(scenario, loads, policies, opts, args.seeds, bar, args.workers)
     finally:
         bar.close()
         if opts.record_trace is not None:

@@ -120,3 +120,22 @@ def test_identical_results_across_processes_and_hash_seeds(tmp_path):
                        capture_output=True)
         outs.append(json.loads((out / "results.json").read_text())["results"])
     assert outs[0] == outs[1]
+
+
+def test_workers_give_the_sequential_results_in_sweep_order(tmp_path, capsys):
+    """--workers 2 (forked processes, longest runs first) writes the figures and the order of a
+    sequential run; a count below 1 is refused."""
+    res = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        assert simulate_cli.main(["--scenario", "standard-small", "--limit", "120", "--policies",
+                                  "random,llmd-token-load,oracle", "--load", "1.0,0.5", "--seed", "4",
+                                  "--workers", workers, "--out", str(out), "--no-plots", "--quiet"]) == 0
+        res.append(json.loads((out / "results.json").read_text()))
+    seq, par = res
+    assert json.dumps(seq["results"]) == json.dumps(par["results"])     # same figures, same key order
+    assert list(par["results"]) == ["1.0", "0.5"] and list(par["results"]["0.5"]) == ["random", "llmd-token-load",
+                                                                                       "oracle"]
+    assert list(par["meta"]["wall_s"]) == list(seq["meta"]["wall_s"])
+    assert simulate_cli.main(["--workers", "0"]) == 2
+    assert "--workers" in capsys.readouterr().err

@@ -18,18 +18,16 @@ SEED_COLUMNS = (("SLO att.", "slo_attainment", "pct"), ("TTFT p50", "ttft_p50_ms
                 ("goodput rps", "goodput_rps", "rps"), ("adapter loads", "adapter_loads", "n"))
 
 
-def run_seeds(scenario, loads, policies, opts: bench.RunOptions, n_seeds: int, bar) -> dict:
-    """{load label: {policy: [metrics per seed]}}"""
+def run_seeds(scenario, loads, policies, opts: bench.RunOptions, n_seeds: int, bar, workers: int = 1) -> dict:
+    """{load label: {policy: [metrics per seed]}}; each seed's runs in ``workers`` processes."""
+    from .parallel import run_sweep
+
     out: dict = {label: {p: [] for p in policies} for label, _ in loads}
     for k in range(n_seeds):
         o = dataclasses.replace(opts, seed=opts.seed + k)
         arrivals, capacity = bench.prepare(scenario, o)
-        for label, load in loads:
-            for pol in policies:
-                bar.start(f"seed {o.seed} load {label} {pol}")
-                m, _, _ = bench.run_one(scenario, arrivals, capacity, load, pol, o, bar.update)
-                out[label][pol].append(m)
-                bar.finish_run()
+        for (label, pol), run in run_sweep(scenario, arrivals, capacity, loads, policies, o, workers, bar).items():
+            out[label][pol].append(run[0])
     return out
 
 
