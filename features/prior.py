@@ -14,7 +14,7 @@ One concept serves two roles:
   prediction = trees * max(intercept + x . coef, floor); past the range seen the ratio stays at
   its last value and the prediction grows in proportion to the work.
   Regression trees predict a constant past their last split; queues do not stop costing time
-  there, and with either link neither does the prediction.
+  there, and with any link neither does the prediction.
 
 Coefficients are in ms per unit of the named model feature (``features.matrix``) and are
 non-negative, so the base never decreases as work is added. Nothing here is pickled.

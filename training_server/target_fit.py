@@ -47,7 +47,7 @@ import numpy as np
 from features.loaded import Calibration, probe_rows
 from features.manifest import TargetCalibration
 from features.matrix import model_matrix, regimes
-from features.prior import LinearBase, base_level, upper_values
+from features.prior import LinearBase, base_level, upper_values, with_base
 from features.scoring import pinball_loss
 
 from .calibration import conformal_scale_spec, conformal_spec
@@ -82,6 +82,15 @@ def _level(spec: dict | None, x: np.ndarray, target: str, names: tuple[str, ...]
     if spec is None:
         return 0.0
     return base_level(x, *LinearBase({target: spec}).applier(target, names))
+
+
+def _with_base(spec: dict | None, trees: np.ndarray, x: np.ndarray, target: str, names: tuple[str, ...]
+               ) -> np.ndarray:
+    """The trees' output combined with the base exactly as the served bundle combines them
+    (:func:`features.prior.with_base`); the trees alone without a base."""
+    if spec is None:
+        return trees
+    return with_base(trees, x, *LinearBase({target: spec}).applier(target, names))
 
 
 #: the candidate answered by the linear base alone (no trees; a base-only target, link "add")
@@ -134,9 +143,9 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
             lv = np.asarray(level, dtype=np.float64)
             ratio = y[m] / lv
             model, predict = fit(x[m], ratio, lv if wm is None else wm * lv, float(np.median(ratio)))
-            return model, spec, lambda xs: predict(xs) * _level(spec, xs, target, names)
-        model, predict = fit(x[m], y[m] - level, wm, scale)
-        return model, spec, lambda xs: predict(xs) + _level(spec, xs, target, names)
+        else:
+            model, predict = fit(x[m], y[m] - level, wm, scale)
+        return model, spec, lambda xs: _with_base(spec, predict(xs), xs, target, names)
 
     do_cal = (cfg.calibrate and cfg.recipe == "default" and cfg.objective == "quantile"
               and n * cfg.calibration_share >= 20)
