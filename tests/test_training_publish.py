@@ -58,6 +58,11 @@ def test_publish_gate_rules():
     assert publish_gate(both, served, served_is_prior=False, tolerance=0.02)[0]
     v = target_verdicts(both, served, served_is_prior=False, tolerance=0.02)
     assert v["ttft"][0] is False and v["tpot"][0] is True
+    # a target the candidate did not learn (it answers with its prior) is no reason to publish:
+    # otherwise the worse learned target is kept, and nothing learned is left to publish
+    assert not publish_gate(both, served, served_is_prior=False, tolerance=0.02, learned=("ttft",))[0]
+    v = target_verdicts(both, served, served_is_prior=False, tolerance=0.02, learned=("ttft",))
+    assert v["ttft"][0] is False and v["tpot"][0] is None
 
 
 def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,12 +65,17 @@ class CycleReport:
 
 
 def target_verdicts(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
-                    tolerance: float) -> dict[str, tuple[bool | None, str]]:
+                    tolerance: float, learned: Collection[str] | None = None) -> dict[str, tuple[bool | None, str]]:
     """Per target of the candidate: (True = publish it, False = keep the served one,
-    None = no held-out rows to compare on), with a reason. Scores are on the same rows."""
+    None = no held-out rows to compare on, or ``learned`` is given and the candidate has no
+    learned model for it: its prior beating the served model is no reason to publish), with a
+    reason. Scores are on the same rows."""
     out: dict[str, tuple[bool | None, str]] = {}
     for t, c in candidate.items():
         s = served.get(t)
+        if learned is not None and t not in learned:
+            out[t] = (None, f"{t}: not learned")
+            continue
         if s is None or not s.get("n"):
             out[t] = (None, f"{t}: no held-out rows")
             continue
@@ -82,10 +87,11 @@ def target_verdicts(candidate: Mapping[str, Mapping], served: Mapping[str, Mappi
 
 
 def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
-                 tolerance: float) -> tuple[bool, str]:
-    """Publish when at least one compared target's candidate model is good enough (those that
-    are not keep the served model; see RetrainWorker._compose)."""
-    verdicts = target_verdicts(candidate, served, served_is_prior=served_is_prior, tolerance=tolerance)
+                 tolerance: float, learned: Collection[str] | None = None) -> tuple[bool, str]:
+    """Publish when at least one compared target's learned candidate model is good enough (those
+    that are not keep the served model; see RetrainWorker._compose)."""
+    verdicts = target_verdicts(candidate, served, served_is_prior=served_is_prior, tolerance=tolerance,
+                               learned=learned)
     reason = "; ".join(r for _, r in verdicts.values()) or "no targets"
     if not any(v is True for v, _ in verdicts.values()):
         if all(v is None for v, _ in verdicts.values()):
@@ -129,7 +135,8 @@ class RetrainWorker:
         #: live pairs from ingestion: the served bundle's live error and the correction's input
         self.feedback = LiveFeedback(config.quantile)
         self.correction = LiveCorrection(clock)
-        self.correction.sync(served.manifest if served.source == "learned" else None)
+        self.correction.sync(served.manifest if served.source == "learned" else None,
+                             served.version if served.source == "learned" else None)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -207,7 +214,7 @@ class RetrainWorker:
         manifest = self.correction.recalibrated_manifest(served, changed)
         bundle = self.registry.publish(manifest, self.registry.served_files())
         self._serve(bundle)
-        drifted = self.correction.published(changed)
+        drifted = self.correction.published(changed, bundle.version)
         self.recalibrations += 1
         if drifted and not self.drift_retrain_pending:
             last = self.store.last_id
@@ -288,14 +295,16 @@ class RetrainWorker:
         served_scores = evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
         served_is_prior = served.source != "learned"
         ok, reason = publish_gate(cand_scores, served_scores, served_is_prior=served_is_prior,
-                                  tolerance=self.tolerance)
+                                  tolerance=self.tolerance, learned=result.targets)
         if not ok:
             self.metrics.set_heldout(served_scores)
             return CycleReport("rejected", reason, candidate=cand_scores, served=served_scores)
         verdicts = target_verdicts(cand_scores, served_scores, served_is_prior=served_is_prior,
-                                   tolerance=self.tolerance)
-        kept = [t for t, (v, _) in verdicts.items() if v is False]
-        if kept:  # per target: a model that lost keeps the served one (no regression)
+                                   tolerance=self.tolerance, learned=result.targets)
+        # per target: a model that lost, or a target the candidate did not learn, keeps the
+        # served one (no regression)
+        kept = [t for t, (v, _) in verdicts.items() if v is False or t not in result.targets]
+        if kept:
             result = self._compose(result, kept, served)
             reason += f"; kept served {', '.join(kept)}"
             cand_scores = evaluate_bundle(trainer.loaded_bundle(result), test.raw, test.ttft, test.tpot)
@@ -308,7 +317,7 @@ class RetrainWorker:
         bundle = self.registry.publish(manifest, files)
         self._serve(bundle)
         self.metrics.set_heldout(cand_scores)
-        self.correction.sync(bundle.manifest)
+        self.correction.sync(bundle.manifest, bundle.version)
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
 
