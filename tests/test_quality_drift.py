@@ -110,8 +110,9 @@ def test_live_pairs_of_recent_learned_versions_feed_the_correction(tmp_path):
         entries = [dict(base, actual_ttft_ms=100.0, actual_tpot_ms=0, predicted_ttft_ms=80.0, model_version=ver)
                    for ver in (v, v, "prior-default", "v999999-20990101T000000Z", "")]
         assert svc.ingest(entries).result(10).accepted == 5
-        a, p = svc.feedback.take("ttft")
+        a, p, versions = svc.feedback.take("ttft")
         assert len(a) == 2  # the served learned version only: not the prior, unknown or absent ones
+        assert versions == [v, v]  # each pair with the version that predicted it
         assert svc.feedback.take("ttft")[0].size == 0  # drained
         assert svc.feedback.live_scores()["ttft"]["n"] == 3  # live error: served or unversioned entries
     finally:
@@ -138,6 +139,32 @@ def test_adaptive_correction_settles_at_the_quantile():
     assert calibration.aci_update(0.0, np.zeros(10), np.ones(10), 0.9, 0.02) == pytest.approx(-0.02)
     # one batch of pairs, all predicted with an older factor, moves it by at most max_move
     assert calibration.aci_update(0.0, np.full(100, 9.0), np.ones(100), 0.9, 0.02, 0.2) == pytest.approx(0.2)
+
+
+def _delayed_loop(use_levels: bool, delay: int = 3, cycles: int = 120) -> np.ndarray:
+    """The correction's factor per cycle when each cycle's 100 pairs were predicted with the
+    factor of ``delay`` cycles before (a retrain between correction and prediction servers)."""
+    rng = np.random.default_rng(0)
+    history, lf, out = [0.0] * (delay + 1), 0.0, []
+    for _ in range(cycles):
+        used = history[-1 - delay]
+        raw = rng.uniform(50, 150, 100)
+        actual = raw * 1.5 * rng.lognormal(0.0, 0.2, 100)
+        lf = calibration.aci_update(lf, actual, raw * np.exp(used), 0.9, 0.02, 0.2,
+                                    levels=np.full(100, used) if use_levels else None)
+        history.append(lf)
+        out.append(np.exp(lf))
+    return np.array(out)
+
+
+def test_pairs_judged_at_the_factor_of_the_moment_do_not_oscillate_through_a_slow_loop():
+    target = 1.5 * np.exp(0.2 * 1.2816)  # the p90 of actual / raw prediction
+    judged_as_predicted = _delayed_loop(False)[-40:]
+    rebased = _delayed_loop(True)[-40:]
+    # stale pairs keep asking for a correction already made: the factor swings far past the target
+    assert judged_as_predicted.max() > 1.4 * target and judged_as_predicted.min() < 0.7 * target
+    # each pair rescaled to the factor of the moment: it settles at the target
+    assert rebased.min() > 0.9 * target and rebased.max() < 1.1 * target
 
 
 def test_recalibration_scales_every_part_of_the_map():
@@ -173,3 +200,32 @@ def test_without_live_pairs_a_retrain_keeps_its_own_conformal_calibration(parts,
     for t in fresh:
         assert "live_factor" not in m["calibration"][t]
         assert m["calibration"][t]["offset_ms"] == pytest.approx(results[-1].calibration[t]["offset_ms"])
+
+
+def test_pairs_predicted_before_a_correction_are_judged_with_it(parts):
+    """A pair reaches the correction seconds after its prediction; if the factor was raised in
+    between, the pair is judged as the raised factor would have predicted it, not as a second
+    request for the same raise."""
+    store, registry, worker = parts
+    store.submit(entries_to_rows(PARSED[:2500])).result(10)
+    assert worker.run_once().outcome == "published"
+    v1 = registry.served.version
+    raw = np.array([e.raw for e in PARSED[2500:2700]])
+    pred = dict(zip(("ttft", "tpot"), registry.served.predict(raw)))
+
+    def pairs(version):  # every actual 10% above what v1 predicted: misses at v1's factor
+        return {t: [(1.1 * p, p, version) for p in pred[t].tolist() if p > 0] for t in pred}
+
+    worker.feedback.observe({}, pairs(v1))
+    worker.recalibrate()
+    raised = dict(worker.live_factor)
+    assert registry.served.version != v1 and all(f > 1.1 for f in raised.values())  # covers them now
+    # the same kind of pairs, still predicted by v1 (in flight while the raise was served)
+    worker.feedback.observe({}, pairs(v1))
+    worker.recalibrate()
+    for t in ("ttft", "tpot"):
+        assert worker.live_factor[t] <= raised[t]  # hits at the raised factor: no second raise
+    # pairs of a version the correction never served are judged as they were predicted
+    worker.feedback.observe({}, pairs("v999999-20990101T000000Z"))
+    worker.recalibrate()
+    assert all(worker.live_factor[t] > raised[t] for t in ("ttft", "tpot"))

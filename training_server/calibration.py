@@ -105,16 +105,31 @@ def conformal_scale_spec(target: str, actual: np.ndarray, predicted: np.ndarray,
 
 
 def aci_update(log_factor: float, actual: np.ndarray, predicted: np.ndarray, quantile: float,
-               step: float, max_move: float = math.inf) -> float:
+               step: float, max_move: float = math.inf, levels: np.ndarray | None = None) -> float:
     """Adaptive conformal inference on a multiplicative factor: for each live pair in arrival
     order, log f += step x (miss - (1 - quantile)), miss = actual > predicted. A factor that
     under-covers grows (quickly: a miss moves it 9x more than a hit at q = 0.9), one that
     over-covers shrinks, and at equilibrium the share of misses is 1 - quantile. One call
     moves it by at most ``max_move`` (pairs that arrive in a batch were all predicted with an
-    older factor: without the bound they would overshoot). Clipped to [MIN_FACTOR, MAX_FACTOR]."""
+    older factor: without the bound they would overshoot). Clipped to [MIN_FACTOR, MAX_FACTOR].
+
+    ``levels`` (log units, per pair): the factor each pair was predicted with. The pairs are then
+    judged one by one as if predicted with the factor of the moment (``predicted`` x
+    exp(factor - level)), so pairs predicted before a correction was served do not push the
+    factor again for a miss it already corrected: a feedback loop as slow as a retrain does
+    not overshoot and oscillate. Without it each pair is judged as it was predicted."""
     a = np.asarray(actual, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
-    if a.size:
+    if a.size and levels is not None:
+        start, lf = log_factor, log_factor
+        lo, hi = start - max_move, start + max_move
+        base = np.log(np.maximum(p, 1e-300)) - np.asarray(levels, dtype=np.float64)
+        la = np.log(np.maximum(a, 1e-300))
+        up, down = step * quantile, step * (1.0 - quantile)
+        for x, b in zip(la.tolist(), base.tolist()):
+            lf = min(hi, lf + up) if x > b + lf else max(lo, lf - down)
+        log_factor = lf
+    elif a.size:
         miss = (a > p).astype(np.float64)
         move = step * float(np.sum(miss - (1.0 - quantile)))
         log_factor += min(max_move, max(-max_move, move))

@@ -3,7 +3,11 @@
 Every cycle, the live (actual, predicted) pairs that arrived since the last cycle from any
 recent learned version (:class:`training_server.feedback.LiveFeedback`) move a per-target
 *live factor* (:func:`training_server.calibration.aci_update`, ``ACI_STEP`` per pair in log
-units): up on a miss, down on a hit, so that misses settle at 1 - quantile. When the factor
+units): up on a miss, down on a hit, so that misses settle at 1 - quantile. Each pair is
+judged as if predicted with the factor of the moment: the correction remembers the level
+(log live factor) of every version it served lately, so a pair predicted before the last
+correction reached the prediction servers is rescaled by what changed since, instead of
+asking for that correction again (the loop spans a retrain, seconds, and overshot without it). When the factor
 has moved more than ``ACI_REPUBLISH`` since it was last published, the retrain worker
 republishes the served models at once with their calibration scaled by the change
 (:meth:`LiveCorrection.recalibrated_manifest`): no training, a new version the prediction
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -51,6 +56,8 @@ LEVEL_ROWS = 500
 #: (an EPP that reports no predictions) a retrained model keeps its own conformal level
 LEVEL_MIN_FEEDBACK = 100
 FEEDBACK_FRESH_S = 120.0
+#: versions whose level the correction remembers (pairs of older ones are judged as predicted)
+LEVEL_VERSIONS = 64
 
 
 def recent_rows(ts, target: str, n: int) -> np.ndarray:
@@ -77,14 +84,35 @@ class LiveCorrection:
         #: live pairs used per target, and when the last ones were (on ``clock``)
         self.pairs_seen = {t: 0 for t in TARGETS}
         self._seen_at = {t: -math.inf for t in TARGETS}
+        #: per version served lately, per target: the log live factor its predictions carry, on
+        #: the scale of the current one (a retrain's hand-over re-bases the older entries)
+        self._levels: OrderedDict[str, dict[str, float]] = OrderedDict()
+        self._version: str | None = None
 
-    def sync(self, manifest: Manifest | None) -> None:
-        """Take the live factors of a newly served (retrained or loaded) bundle's manifest."""
+    def _remember(self, version: str | None) -> None:
+        if version is None:
+            return
+        self._levels[version] = {t: math.log(self.live_factor[t]) for t in TARGETS}
+        self._levels.move_to_end(version)
+        while len(self._levels) > LEVEL_VERSIONS:
+            self._levels.popitem(last=False)
+        self._version = version
+
+    def sync(self, manifest: Manifest | None, version: str | None = None) -> None:
+        """Take the live factors of a newly served (retrained or loaded) bundle's manifest.
+        A retrained bundle starts at the level of the one served before it (the hand-over
+        matched them), so the remembered levels move with its new factors."""
+        prev = self._levels.get(self._version) if self._version is not None else None
         for t in TARGETS:
             cal = None if manifest is None else manifest.calibration_of(t)
             f = 1.0 if cal is None else cal.live
             self.live_factor[t] = f
             self._aci[t] = self._retrain_log[t] = math.log(f)
+            if prev is not None:
+                shift = math.log(f) - prev[t]
+                for lv in self._levels.values():
+                    lv[t] += shift
+        self._remember(version)
 
     def update(self, feedback: LiveFeedback, served) -> dict[str, float]:
         """Move the adaptive factors by the pairs waiting in ``feedback`` (drained even when
@@ -93,13 +121,15 @@ class LiveCorrection:
         targets = served.manifest.learned_targets if served.source == "learned" else ()
         changed: dict[str, float] = {}
         for t in TARGETS:
-            actual, predicted = feedback.take(t)
+            actual, predicted, versions = feedback.take(t)
             if t not in targets or not len(actual):
                 continue
             self.pairs_seen[t] += len(actual)
             self._seen_at[t] = self.clock()
+            here = math.log(self.live_factor[t])  # unknown versions: judged as predicted
+            levels = np.array([self._levels[v][t] if v in self._levels else here for v in versions])
             self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, served.quantile,
-                                                  ACI_STEP, ACI_MAX_MOVE)
+                                                  ACI_STEP, ACI_MAX_MOVE, levels=levels)
             step = self._aci[t] - math.log(self.live_factor[t])
             if abs(step) > ACI_REPUBLISH:
                 changed[t] = math.exp(step)
@@ -114,11 +144,13 @@ class LiveCorrection:
             "from": served.version, "factors": dict(changed),
             "live_factor": {t: math.exp(self._aci[t]) for t in changed}})
 
-    def published(self, changed: Mapping[str, float]) -> list[str]:
-        """The recalibrated manifest is served: its factors are the published ones. Returns
-        the targets whose factor is now a drift (``DRIFT_LOG`` from the last retrain's)."""
+    def published(self, changed: Mapping[str, float], version: str | None = None) -> list[str]:
+        """The recalibrated manifest (``version``) is served: its factors are the published
+        ones. Returns the targets whose factor is now a drift (``DRIFT_LOG`` from the last
+        retrain's)."""
         for t in changed:
             self.live_factor[t] = math.exp(self._aci[t])
+        self._remember(version)
         return [t for t in changed if abs(self._aci[t] - self._retrain_log.get(t, 0.0)) > DRIFT_LOG]
 
     def governs_level(self, target: str) -> bool:

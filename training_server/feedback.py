@@ -7,8 +7,9 @@ validated entries into such pairs per target, two ways:
 * *live* pairs: of the served bundle (or of an unversioned prediction): the served model's
   live error, which :class:`LiveFeedback` keeps in a rolling window (live pinball and
   coverage for the metrics, and the drift test that lowers the retrain threshold);
-* *correction* pairs: of any learned version this registry served recently: the input of
-  the retrain worker's adaptive live correction, queued until the worker drains them.
+* *correction* pairs: of any learned version this registry served recently, with that
+  version (the correction judges each pair by the factor it was predicted with): the input
+  of the retrain worker's adaptive live correction, queued until the worker drains them.
 
 The retrain worker owns one :class:`LiveFeedback`; ingestion adds to it after the durable
 commit. Thread-safe (ingestion and the worker run in different threads).
@@ -32,7 +33,7 @@ DRIFT_MIN_SAMPLES = 200
 #: correction pairs waiting for the worker (bounded: the oldest go)
 FEEDBACK_BACKLOG = 20_000
 
-Pairs = Mapping[str, list[tuple[float, float]]]
+Pairs = Mapping[str, list[tuple]]  # (actual, predicted[, version]) per target
 
 
 def pair_entries(entries: Iterable, served_version: str,
@@ -53,7 +54,7 @@ def pair_entries(entries: Iterable, served_version: str,
                 live[t].append((a, p))
         if e.model_version and is_learned_version(e.model_version):
             for t, a, p in pairs:
-                correction[t].append((a, p))
+                correction[t].append((a, p, e.model_version))
     return live, correction
 
 
@@ -71,7 +72,8 @@ class LiveFeedback:
 
     def observe(self, live: Pairs, correction: Pairs | None = None) -> None:
         """Add pairs: ``live`` of the served bundle, ``correction`` of any recent learned
-        version (:func:`pair_entries` makes both)."""
+        version, as (actual, predicted, version) or (actual, predicted) when the version is
+        not known (:func:`pair_entries` makes both)."""
         with self._lock:
             for t, items in live.items():
                 if items:
@@ -81,15 +83,15 @@ class LiveFeedback:
                     self._backlog[t].extend(items)
                     self.added[t] += len(items)
 
-    def take(self, target: str) -> tuple[np.ndarray, np.ndarray]:
-        """(actual, predicted) arrays of the correction pairs of ``target`` that arrived
-        since the last call, oldest first; the backlog is emptied."""
+    def take(self, target: str) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """(actual, predicted, version or None) of the correction pairs of ``target`` that
+        arrived since the last call, oldest first; the backlog is emptied."""
         with self._lock:
             d = self._backlog[target]
             items = list(d)
             d.clear()
-        a = np.array(items, dtype=np.float64).reshape(-1, 2)
-        return a[:, 0], a[:, 1]
+        a = np.array([i[:2] for i in items], dtype=np.float64).reshape(-1, 2)
+        return a[:, 0], a[:, 1], [i[2] if len(i) > 2 else None for i in items]
 
     def reset_live(self) -> None:
         """Forget the live-error window (a new bundle is served, or /flush asked for it)."""
