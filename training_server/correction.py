@@ -127,7 +127,8 @@ class LiveCorrection:
             self.pairs_seen[t] += len(actual)
             self._seen_at[t] = self.clock()
             here = math.log(self.live_factor[t])  # unknown versions: judged as predicted
-            levels = np.array([self._levels[v][t] if v in self._levels else here for v in versions])
+            known = self._levels
+            levels = np.array([known[v][t] if v is not None and v in known else here for v in versions])
             self._aci[t] = calibration.aci_update(self._aci[t], actual, predicted, served.quantile,
                                                   ACI_STEP, ACI_MAX_MOVE, levels=levels)
             step = self._aci[t] - math.log(self.live_factor[t])
