@@ -229,3 +229,28 @@ def test_pairs_predicted_before_a_correction_are_judged_with_it(parts):
     worker.feedback.observe({}, pairs("v999999-20990101T000000Z"))
     worker.recalibrate()
     assert all(worker.live_factor[t] > raised[t] for t in ("ttft", "tpot"))
+
+
+def test_the_live_correction_keeps_running_while_a_retrain_trains(parts):
+    """A retrain takes seconds; live pairs that arrive meanwhile are corrected for during it,
+    not after it (the level would lag a steady drift by a whole retrain)."""
+    store, registry, worker = parts
+    store.submit(entries_to_rows(PARSED[:2500])).result(10)
+    assert worker.run_once().outcome == "published"
+    first = registry.served.version
+    raw = np.array([e.raw for e in PARSED[2500:2700]])
+    pred = dict(zip(("ttft", "tpot"), registry.served.predict(raw)))
+    served_after_training = []
+
+    def phase(name):
+        if name == "train":  # live pairs arrive as the training starts: all misses
+            worker.feedback.observe({}, {t: [(1.5 * p, p, first) for p in pred[t].tolist() if p > 0] for t in pred})
+        elif name == "evaluate":
+            served_after_training.append(registry.served)
+
+    worker.on_phase = phase
+    store.submit(entries_to_rows(PARSED[2500:2800])).result(10)
+    worker.run_once()
+    served = served_after_training[0]
+    assert served.version != first and served.manifest.recalibrated["from"] == first  # corrected mid-training
+    assert all(f > 1.1 for f in worker.correction.live_factor.values())
