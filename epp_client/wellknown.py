@@ -118,8 +118,8 @@ def with_opt_in(config: str | Mapping, *, prediction_for_all: bool = False,
     plugins.append({"name": _HEURISTIC_PICKER, "type": "max-score-picker"})
     plugins.append({"type": OPT_IN_HANDLER, "parameters": {"predictionForAll": prediction_for_all,
                                                            "heuristicWhileWarmingUp": heuristic_while_warming_up}})
-    heuristic = {"name": "default", "plugins": [*({"pluginRef": name, "weight": w} for name, _, w in _HEURISTIC_PLUGINS),
-                                                {"pluginRef": _HEURISTIC_PICKER}]}
+    refs = [{"pluginRef": name, "weight": w} for name, _, w in _HEURISTIC_PLUGINS]
+    heuristic = {"name": "default", "plugins": [*refs, {"pluginRef": _HEURISTIC_PICKER}]}
     cfg["plugins"] = plugins
     cfg["schedulingProfiles"] = [predicted, heuristic]
     return yaml.safe_dump(cfg, sort_keys=False)
