@@ -228,8 +228,8 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
         if profile.picker is None:
             profile.picker = pickers[0] if pickers else MaxScorePicker(rng=rng if rng is not None else random.Random())
         profiles.append(profile)
-    missing = [n for n in (handler.required_profiles() if handler is not None else ())
-               if n not in {p.name for p in profiles}]
-    if missing:
-        raise ConfigError("schedulingProfiles", f"the {handler.TYPE} needs a profile named {missing[0]!r}")
+    if handler is not None:
+        missing = [n for n in handler.required_profiles() if n not in {p.name for p in profiles}]
+        if missing:
+            raise ConfigError("schedulingProfiles", f"the {handler.TYPE} needs a profile named {missing[0]!r}")
     return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler, prefix_producer=prefix)

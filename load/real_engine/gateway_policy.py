@@ -6,8 +6,8 @@
 Every policy runs a streaming predicted-latency producer, so every request is predicted
 (for the accuracy report) and trains the predictor; only ``predicted`` (the recommended
 profile, well-known config ``predicted-latency-recommended``) and ``predicted-llmd`` (llm-d's
-``predicted-latency-slo``) route on the predictions. The schedulers are built here, in code or from YAML, and served by the same
-Gateway object as ``latency-predictor gateway``.
+``predicted-latency-slo``) route on the predictions. The schedulers are built here, in code
+or from YAML, and served by the same Gateway object as ``latency-predictor gateway``.
 """
 from __future__ import annotations
 

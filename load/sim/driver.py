@@ -217,7 +217,7 @@ class LifecycleRouter(BaseRouter):
                         "training_entries": self.sink.entries if self.sink is not None else 0})
             if self.sink is not None:
                 out.update(self.sink.accuracy())
-        handler = getattr(self.lifecycle, "profile_handler", None)
+        handler: Any = getattr(self.lifecycle, "profile_handler", None)
         if getattr(handler, "TYPE", None) == OPT_IN_HANDLER:   # requests per route: predicted, heuristic, warm-up
             routes = {"predicted": 0, "heuristic": 0, "warm-up": 0}
             for (_, decision), n in handler.decisions.items():

@@ -6,6 +6,10 @@ carry the *scraped* metrics, the approximate prefix producer's match and the
 scheduler's own in-flight counters). Predicted-latency policies learn online (``online.OnlineLearner``: the training
 server's store, retrain worker and registry in process, retraining on simulated time) or
 use real servers on loopback (``RunOptions.predictor_url`` / ``training_url``).
+``predicted`` runs the recommended profile, ``predicted-llmd`` and ``predicted-upstream``
+llm-d's predicted-latency-slo config (:data:`PREDICTED_CONFIGS`); with
+``RunOptions.opt_in_share`` their config becomes an opt-in one
+(``epp_client.wellknown.with_opt_in``) and that share of requests carries the header.
 """
 from __future__ import annotations
 
