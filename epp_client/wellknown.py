@@ -67,8 +67,8 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: The recommended predicted-latency profile (``predicted-latency-recommended``). For now the
 #: best-measured wiring: predicted-latency-slo with the latency scorer preferring the MOST
 #: headroom and the max-score picker instead of the weighted-random one, i.e. spread load
-#: rather than pack requests next to their SLO edge (``standard`` at 80% load, seed 0: 93.8%
-#: SLO attainment against 86.7% for predicted-latency-slo; docs/evaluation.md).
+#: rather than pack requests next to their SLO edge (``standard`` at 80% load, seed 0: 89.4%
+#: SLO attainment against 86.1% for predicted-latency-slo; docs/evaluation.md §4).
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: latency-scorer\n  parameters:\n    headroomSelectionStrategy: most\n")
