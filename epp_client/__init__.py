@@ -16,6 +16,7 @@ Public API::
     from epp_client.training import TrainingReporter, ListSink
     from epp_client.inflight import InFlightTracker
     from epp_client.config import REFERENCE_CONFIG, PREDICTED_LATENCY_SLO_CONFIG
+    from epp_client.wellknown import RECOMMENDED_CONFIG, config_text, with_opt_in  # configs by name, opt-in
     from epp_client.metrics import EppCollector          # Prometheus exposition
     from epp_client import rank_endpoints                # one Endpoint per DP rank (B4.6)
     from epp_client.flowcontrol import ProgramAwareFairness, FlowController, build_flow_control  # B4.5

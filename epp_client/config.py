@@ -1,6 +1,6 @@
 """EndpointPickerConfig-style configuration (plugins + scheduling profiles) -> Scheduler.
 
-Accepted shape (YAML text or the decoded dict)::
+Accepted shape (YAML text, a well-known name of :mod:`epp_client.wellknown`, or the decoded dict)::
 
     apiVersion: inference.networking.x-k8s.io/v1alpha1     # optional
     kind: EndpointPickerConfig                              # optional
@@ -22,9 +22,10 @@ a max-score picker. The in-flight accounting (``inflight-load-producer``) is alw
 present (upstream auto-creates it); its parameters can be set in the plugin list.
 Strict like upstream: unknown keys, types and parameters raise ConfigError naming them.
 
-P/D disaggregation (B4.7): a ``disagg-profile-handler`` plugin chooses which profiles run
-(its ``deciders`` name decider plugins of this list); without one every profile runs and
-the primary is ``decode`` if present, else the first.
+A profile handler chooses which profiles run: ``disagg-profile-handler`` for P/D
+disaggregation (B4.7; its ``deciders`` name decider plugins of this list) or
+``prediction-opt-in-profile-handler`` (per-request opt-in to prediction); without one every
+profile runs and the primary is ``decode`` if present, else the first.
 """
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ from .plugins.protocols import (
 from .plugins.registry import discover, role_of
 from .scheduler import Scheduler, SchedulingProfile, default_profile
 from .types import ConfigError
+from .wellknown import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG, WELL_KNOWN_CONFIGS
+
+__all__ = ["build_scheduler", "REFERENCE_CONFIG", "PREDICTED_LATENCY_SLO_CONFIG"]
 
 #: Upstream plugin types accepted and ignored here: the router supplies their data itself
 #: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
@@ -60,53 +64,11 @@ IGNORED_TYPES = frozenset({"single-profile-handler", *FLOW_PLUGIN_TYPES})
 _TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
                        "data", "flowControl"})
 
-#: B2.8: the Helm chart's wiring with router.latencyPredictor.enabled=true.
-REFERENCE_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: predicted-latency-producer
-- name: strict-affinity-filter
-  type: prefix-cache-affinity-filter
-  parameters:
-    affinityThreshold: 0.99
-    ttftSource: latencyPredictor
-    maxTTFTPenaltyMs: 5000
-- name: loose-affinity-filter
-  type: prefix-cache-affinity-filter
-  parameters:
-    affinityThreshold: 0.80
-    ttftSource: latencyPredictor
-    maxTTFTPenaltyMs: 5000
-- type: latency-scorer
-- type: weighted-random-picker
-- type: slo-headroom-tier-filter
-- type: latency-slo-admitter
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: predicted-latency-producer
-  - pluginRef: strict-affinity-filter
-  - pluginRef: slo-headroom-tier-filter
-  - pluginRef: loose-affinity-filter
-  - pluginRef: latency-scorer
-    weight: 1
-  - pluginRef: weighted-random-picker
-"""
-
-#: B2.8: the integration test's well-known config ``predicted-latency-slo``: the reference
-#: wiring in streaming mode, its filters with the default source and penalty.
-PREDICTED_LATENCY_SLO_CONFIG = (
-    REFERENCE_CONFIG.replace("- type: predicted-latency-producer\n",
-                             "- type: predicted-latency-producer\n  parameters:\n    streamingMode: true\n")
-    .replace("    ttftSource: latencyPredictor\n    maxTTFTPenaltyMs: 5000\n", "")
-)
-
-
 def _load(config: Mapping | str | None) -> dict:
     if config is None:
         return {}
     if isinstance(config, str):
+        config = WELL_KNOWN_CONFIGS.get(config, config)   # a well-known name (epp_client.wellknown)
         try:
             config = yaml.safe_load(config)
         except yaml.YAMLError as e:
@@ -134,6 +96,14 @@ class _HandlerSpec:
         self.cls, self.name, self.kwargs = cls, name, kwargs
 
     def build(self, loc: str, instances: dict) -> Any:
+        try:
+            return self._build(loc, instances)
+        except ConfigError as e:
+            if e.param.startswith(loc):
+                raise
+            raise ConfigError(f"{loc}.parameters.{e.param.split('.', 1)[-1]}", e.msg) from None
+
+    def _build(self, loc: str, instances: dict) -> Any:
         kw = dict(self.kwargs)
         for stage in ("prefill", "encode"):
             ref = kw.get(f"{stage}_decider")
@@ -218,7 +188,7 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
         if not plugins_cfg:
             return Scheduler(producer, admitters, [default_profile()], inflight, prefix_producer=prefix)
         if handler is not None:
-            raise ConfigError("schedulingProfiles", "required with a disagg-profile-handler")
+            raise ConfigError("schedulingProfiles", f"required with a {handler.TYPE}")
         profiles_cfg = [{"name": "default", "plugins": [{"pluginRef": n} for n in order]}]
     if not isinstance(profiles_cfg, list):
         raise ConfigError("schedulingProfiles", "must be a list")
@@ -258,7 +228,8 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
         if profile.picker is None:
             profile.picker = pickers[0] if pickers else MaxScorePicker(rng=rng if rng is not None else random.Random())
         profiles.append(profile)
-    if handler is not None and handler.decode_profile not in {p.name for p in profiles}:
-        raise ConfigError("schedulingProfiles", f"the disagg-profile-handler needs a profile named "
-                                                f"{handler.decode_profile!r}")
+    if handler is not None:
+        missing = [n for n in handler.required_profiles() if n not in {p.name for p in profiles}]
+        if missing:
+            raise ConfigError("schedulingProfiles", f"the {handler.TYPE} needs a profile named {missing[0]!r}")
     return Scheduler(producer, admitters, profiles, inflight, profile_handler=handler, prefix_producer=prefix)

@@ -16,7 +16,9 @@ dropped, downsampled, failed), ``epp_training_buffered`` (gauge), ``epp_producer
 ``epp_scorer_composite_fallbacks_total``, ``epp_admission_rejections_total{admitter}``,
 ``epp_inflight_requests{endpoint}`` / ``epp_inflight_tokens{endpoint}`` (gauges),
 ``llm_d_epp_disagg_decision_total{plugin_name, plugin_type, model_name, decision_type}``
-(upstream's P/D decision counter, with a disagg profile handler).
+(upstream's P/D decision counter, with a disagg profile handler) or
+``epp_prediction_opt_in_decision_total{...}`` (``predicted``, ``heuristic``, ``warm-up``;
+with the prediction opt-in profile handler).
 """
 from __future__ import annotations
 
@@ -101,8 +103,8 @@ class EppCollector(Collector):
         yield fam
         handler = getattr(s, "profile_handler", None)
         if handler is not None:
-            fam = CounterMetricFamily("llm_d_epp_disagg_decision", "disaggregation routing decisions",
-                                      labels=["plugin_name", "plugin_type", "model_name", "decision_type"])
+            metric, doc = handler.DECISION_METRIC
+            fam = CounterMetricFamily(metric, doc, labels=["plugin_name", "plugin_type", "model_name", "decision_type"])
             for (model, decision), n in sorted(handler.decisions.items()):
                 fam.add_metric([handler.name, handler.TYPE, model, decision], n)
             yield fam

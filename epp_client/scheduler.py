@@ -23,11 +23,14 @@ them too: ``observe`` with every candidate before the profiles run (``now`` defa
 ``time.monotonic()``), ``pre_request`` with the primary target, ``on_complete`` at the
 end of the request, aborts included.
 
-With a ``profile_handler`` (``disagg-profile-handler``, B4.7) only the profiles it picks
-run (decode, then prefill / encode when its deciders say so); ``result.profiles`` and
-``result.picks`` carry the pick per profile, ``result.decision`` the P/D decision, and
-``pre_request`` writes ``x-prefiller-host-port`` / ``x-encoder-hosts-ports`` into the
-request headers (or removes them when the stage did not run).
+With a ``profile_handler`` only the profiles it picks run; ``result.profiles`` and
+``result.picks`` carry the pick per profile, ``result.decision`` the handler's decision.
+``disagg-profile-handler`` (B4.7) runs decode, then prefill / encode when its deciders say
+so, and ``pre_request`` writes ``x-prefiller-host-port`` / ``x-encoder-hosts-ports`` into
+the request headers (or removes them when the stage did not run).
+``prediction-opt-in-profile-handler`` runs the predicted profile for requests with
+``x-prediction-based-scheduling: true`` once a learned model answers, else the heuristic
+one, and lets the admitters judge only the predicted requests.
 
 Build from Python objects (``Scheduler(producer=..., admitters=[...], profiles=[...])``)
 or from an EndpointPickerConfig-style dict / YAML text with :meth:`Scheduler.from_config`.
@@ -105,7 +108,7 @@ class Scheduler:
         #: router hashes the prompt and writes each candidate's prefix match with it
         self.prefix_producer = prefix_producer
         if primary_profile is None and profile_handler is not None:
-            primary_profile = profile_handler.decode_profile
+            primary_profile = profile_handler.primary({})
         if primary_profile is None:
             primary_profile = "decode" if "decode" in names else names[0]
         self.primary_profile = primary_profile
@@ -141,21 +144,24 @@ class Scheduler:
             for plugin in self.lifecycle_plugins:
                 plugin.observe(candidates, t)
         admission = ADMITTED
-        for a in self.admitters:
-            admission = a.admit(request, candidates)
-            if not admission.admitted:
-                self._discard(request)
-                return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates,
-                                        status=admission.status, reason=admission.reason)
+        handler = self.profile_handler
+        if handler is None or handler.admits(request, candidates):
+            for a in self.admitters:
+                admission = a.admit(request, candidates)
+                if not admission.admitted:
+                    self._discard(request)
+                    return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates,
+                                            status=admission.status, reason=admission.reason)
         decision = ""
-        if self.profile_handler is not None:
-            results = self.profile_handler.run(request, {p.name: p for p in self.profiles}, candidates)
-            decode = results.get(self.profile_handler.decode_profile)
-            if decode is not None and decode.picked:
-                decision = _decision(self.profile_handler, results)
+        if handler is not None:
+            results = handler.run(request, {p.name: p for p in self.profiles}, candidates)
+            primary_name = handler.primary(results)
+            if primary_name in results and results[primary_name].picked:
+                decision = handler.decision(request, results)
         else:
             results = {profile.name: profile.run(request, candidates) for profile in self.profiles}
-        primary = results.get(self.primary_profile) or ProfileResult(self.primary_profile, [], {})
+            primary_name = self.primary_profile
+        primary = results.get(primary_name) or ProfileResult(primary_name, [], {})
         if not primary.picked:
             self._discard(request)
             return SchedulingResult(request.request_id, [], primary.scores, admission, results, candidates,
@@ -247,12 +253,6 @@ class Scheduler:
             plugin.on_complete(request_id)
         if self.producer is not None:
             self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
-
-
-def _decision(handler: Any, results: dict) -> str:
-    from .plugins.disagg import decision_type
-
-    return decision_type(handler.encode_profile in results, handler.prefill_profile in results)
 
 
 def default_profile() -> SchedulingProfile:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 #: The scheduling profile that picks the prefill endpoint under P/D disaggregation.
 PREFILL_PROFILE = "prefill"
+#: ``model_source`` of predictions made by the prior, before any model is trained (wire API).
+PRIOR_MODEL_SOURCE = "prior"
 
 #: SLO request headers: the new name first, then the deprecated alias (B §1.3, B3).
 TTFT_SLO_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
@@ -83,6 +85,7 @@ class LatencyPrediction:
     tpot_valid: bool = False
     dispatched_request_count: int = 0
     model_version: str = ""
+    model_source: str = ""  # "learned", "prior", or "" when the predictor did not say
 
     @property
     def is_valid(self) -> bool:

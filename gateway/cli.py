@@ -13,7 +13,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="OpenAI-compatible routing gateway in front of model servers")
     ap.add_argument("--endpoints", type=lambda s: [x for x in s.split(",") if x.strip()],
                     help="comma-separated base URLs of the model servers (env LATENCY_GATEWAY_ENDPOINTS)")
-    ap.add_argument("--config", help="EndpointPickerConfig YAML for the epp_client scheduler")
+    ap.add_argument("--config", help="EndpointPickerConfig for the epp_client scheduler: a YAML file or a well-known "
+                                     "name (predicted-latency-recommended, predicted-latency-slo)")
     ap.add_argument("--host", help="bind address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, help="listen port (default 8080)")
     ap.add_argument("--prediction-urls", dest="prediction_urls",
@@ -39,12 +40,12 @@ def make_router(settings: GatewaySettings):
         from epp_client.heuristics import LeastLoadScheduler
 
         return LeastLoadScheduler()
-    from pathlib import Path
+    from epp_client.wellknown import config_text
 
     from .flowgate import FlowGate
     from .routing import build_scheduler
 
-    return FlowGate.wrap(build_scheduler(settings), Path(settings.config).read_text(), settings.scrape_interval_s)
+    return FlowGate.wrap(build_scheduler(settings), config_text(settings.config), settings.scrape_interval_s)
 
 
 def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:

@@ -73,6 +73,7 @@ class RequestRecord:
     predicted_tpot_ms: float | None
     model_version: str
     fallback: bool
+    decision: str              # the profile handler's: predicted / heuristic / warm-up (opt-in), P/D type
     attempts: int
     ttft_slo_ms: float
     tpot_slo_ms: float
@@ -330,7 +331,8 @@ class Gateway:
             prefix_match_blocks=match.match_blocks, prefix_total_blocks=match.total_blocks,
             ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, tokens=tokens,
             predicted_ttft_ms=pred[0] if pred else None, predicted_tpot_ms=pred[1] if pred else None,
-            model_version=decision.model_version, fallback=decision.fallback, attempts=attempt,
+            model_version=decision.model_version, fallback=decision.fallback, decision=decision.result.decision,
+            attempts=attempt,
             ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms,
             finished_at=time.time()))
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from epp_client.heuristics import LeastLoadScheduler
 from epp_client.lifecycle import RequestLifecycle, SchedulingResult
+from epp_client.plugins.opt_in import WARM_UP
 from epp_client.scheduler import Scheduler
 from epp_client.types import Endpoint, EndpointMetrics, InferenceRequest
+from epp_client.wellknown import config_text
 
 from .scrape import EndpointState
 from .settings import GatewaySettings
@@ -48,7 +49,7 @@ class Routing:
     lifecycle: Any
     result: SchedulingResult
     order: list[Endpoint]
-    fallback: bool = False                 # decided without predictions
+    fallback: bool = False                 # decided without predictions (or opted in during warm-up)
     predicted: dict | None = None          # endpoint name -> (ttft ms, tpot ms)
     model_version: str = ""
 
@@ -82,7 +83,7 @@ def build_scheduler(settings: GatewaySettings) -> Scheduler:
 
     if settings.config is None:
         raise ValueError("build_scheduler needs settings.config (the EndpointPickerConfig YAML)")
-    text = Path(settings.config).read_text()
+    text = config_text(settings.config)
     predictor = (PredictorClient(settings.prediction_urls) if settings.prediction_urls
                  else PredictorClient.from_env())
     reporter = (TrainingReporter(settings.training_url) if settings.training_url
@@ -125,6 +126,9 @@ class Driver:
         fallback = isinstance(lc, LeastLoadScheduler) or (predicting(lc) and bool(res.candidates) and not predicted)
         if fallback:
             self.metrics.fallbacks.labels(reason="no-predictions").inc()
+        elif res.decision == WARM_UP:   # opted in to prediction, routed by the heuristic while the predictor warms up
+            fallback = True
+            self.metrics.fallbacks.labels(reason="warm-up").inc()
         return Routing(lc, res, self._order(res, endpoints), fallback, predicted, res.model_version)
 
     def _order(self, res: SchedulingResult, endpoints: list[Endpoint]) -> list[Endpoint]:

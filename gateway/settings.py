@@ -25,9 +25,12 @@ __all__ = ["GatewaySettings", "SettingsError"]
 
 
 def _config_file(v: Any) -> str:
+    """A well-known config name (epp_client.wellknown) or an existing file."""
+    from epp_client.wellknown import WELL_KNOWN_CONFIGS
+
     path = text(v)
-    if not os.path.isfile(path):
-        raise ValueError(f"no such file: {path}")
+    if path not in WELL_KNOWN_CONFIGS and not os.path.isfile(path):
+        raise ValueError(f"no such file (nor a well-known config: {', '.join(WELL_KNOWN_CONFIGS)}): {path}")
     return path
 
 
@@ -51,7 +54,8 @@ class GatewaySettings(EnvSettings):
     host: str = setting("LATENCY_GATEWAY_HOST", "127.0.0.1", host, "bind address (`--host`)")
     port: int = setting("LATENCY_GATEWAY_PORT", 8080, integer(0, 65535), "listen port, 0 = any free port (`--port`)")
     config: str | None = setting("LATENCY_GATEWAY_CONFIG", None, optional(_config_file),
-                                 "EndpointPickerConfig YAML for the epp_client scheduler (`--config`); "
+                                 "EndpointPickerConfig YAML file or well-known name for the epp_client scheduler "
+                                 "(`--config`); "
                                  "unset: the built-in router")
     prediction_urls: list[str] = setting("PREDICTION_SERVER_URL", [], url_list(),
                                          "prediction servers, comma-separated (`--prediction-urls`); unset: "

@@ -47,8 +47,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the training entries that epp_client's producer emits during the run (llm-d "
                         "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
     p.add_argument("--epp-config", default=None,
-                   help="EndpointPickerConfig YAML file for the predicted policies (default: llm-d's well-known "
-                        "predicted-latency-slo config)")
+                   help="EndpointPickerConfig for the predicted policies: a YAML file or a well-known name "
+                        "(predicted-latency-recommended, predicted-latency-slo); default: each policy's own")
+    p.add_argument("--opt-in-share", type=float, default=None, metavar="SHARE",
+                   help="predicted policies: the share of requests (0..1, drawn per request from the seed) sent with "
+                        "x-prediction-based-scheduling: true; the others take llm-d's default profile, and opted-in "
+                        "ones too until a learned model answers (default: every request predicted, no opt-in)")
     p.add_argument("--flow-ttl", type=float, default=60.0,
                    help="request TTL in seconds of the <router>+<ordering> flow-control policies (0: none)")
     p.add_argument("--flow-detector", action="append", default=[], metavar="NAME=VALUE",
@@ -153,12 +157,19 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
+        if args.opt_in_share is not None:
+            if not 0.0 <= args.opt_in_share <= 1.0:
+                raise ValueError(f"--opt-in-share: must be in [0, 1], got {args.opt_in_share:g}")
+            if not any(p in bench.PREDICTED_POLICIES for p in policies):
+                raise ValueError("--opt-in-share needs a predicted policy: one of "
+                                 + ", ".join(bench.PREDICTED_POLICIES))
         epp_config = None
         if args.epp_config:
             from epp_client.config import build_scheduler
+            from epp_client.wellknown import config_text
 
             try:
-                epp_config = Path(args.epp_config).read_text()
+                epp_config = config_text(args.epp_config)
             except OSError as e:
                 raise ValueError(f"--epp-config: {e}") from None
             build_scheduler(epp_config)     # validate now: ConfigError names the bad key
@@ -168,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = open(args.record_trace, "w") if args.record_trace else None
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
-                            record_trace=trace, epp_config=epp_config, flow_ttl_s=args.flow_ttl,
+                            record_trace=trace, epp_config=epp_config, opt_in_share=args.opt_in_share,
+                            flow_ttl_s=args.flow_ttl,
                             flow_detector=detector,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
@@ -211,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
            + f", TPOT <= {c.tpot_ms:g} ms, priority {c.priority}" for c in scenario.slo_classes]
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
+            **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"native_load": native_note} if native_note else {}),
             "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},
             "cpu_s": {f"{lab}|{p}": c for (lab, p), (_, c) in wall.items()}}

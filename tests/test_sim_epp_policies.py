@@ -77,9 +77,10 @@ def test_predicted_policy_learns_online_and_routes_with_predictions():
 
 def test_epp_config_option_runs_a_user_config_and_rejects_a_bad_one(tmp_path, capsys):
     predicted_deps("training_server.worker")
-    from pathlib import Path
+    from epp_client.wellknown import RECOMMENDED_CONFIG
 
-    good = Path(__file__).resolve().parents[1] / "load" / "scenarios" / "predicted-most-headroom.yaml"
+    good = tmp_path / "mine.yaml"
+    good.write_text(RECOMMENDED_CONFIG)
     out = tmp_path / "o"
     assert simulate_cli.main(["--scenario", "standard-small", "--limit", "120", "--policies", "predicted",
                               "--load", "0.8", "--epp-config", str(good), "--out", str(out), "--no-plots",
@@ -127,3 +128,74 @@ def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
             # the reporter flushed every TTFT and TPOT sample on close
             assert status["rows_with_target"]["ttft"] == 150
             assert status["rows_with_target"]["tpot"] >= 120
+
+
+# -- predicted = the recommended profile, predicted-llmd = llm-d's; per-request opt-in ---------------------------
+KEYS = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p90_ms", "slo_attainment", "prefix_hit_rate", "completed")
+
+
+def _same(a: dict, b: dict) -> dict:
+    return {k: (a[k], b[k]) for k in KEYS if a[k] != b[k]}
+
+
+def test_predicted_runs_the_recommended_profile_and_predicted_llmd_the_llmd_config():
+    from epp_client.wellknown import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG
+    from load.sim import epp_routers
+
+    assert epp_routers.PREDICTED_CONFIGS["predicted"][0] == RECOMMENDED_CONFIG
+    assert epp_routers.PREDICTED_CONFIGS["predicted-llmd"][0] == PREDICTED_LATENCY_SLO_CONFIG
+    assert epp_routers.PREDICTED_CONFIGS["predicted-upstream"][0] == PREDICTED_LATENCY_SLO_CONFIG
+    for policy, picker in (("predicted", "MaxScorePicker"), ("predicted-llmd", "WeightedRandomPicker")):
+        router = bench.make_router(policy, bench.RunOptions(), 4)
+        sched = router._factory(router.rng, lambda: 0.0, lambda: 0.0)
+        assert type(sched.profiles[0].picker).__name__ == picker
+        router.close()
+    assert "predicted-llmd" in bench.known_policies()
+
+
+def test_opt_in_share_0_is_the_heuristic_and_share_1_the_predicted_policy(tmp_path):
+    predicted_deps("training_server.worker")
+    from epp_client.wellknown import RECOMMENDED_CONFIG, with_opt_in
+
+    kw = {"limit": 150, "load": 0.8, "retrain_interval_s": 20.0}
+    none = _run("predicted", opt_in_share=0.0, **kw)
+    assert _same(none, _run("llmd-default", **kw)) == {}
+    assert (none["routed_predicted"], none["routed_warm_up"], none["routed_heuristic"]) == (0, 0, 150)
+    # share 1 without the warm-up rule routes every request as the plain policy does
+    always = with_opt_in(RECOMMENDED_CONFIG, heuristic_while_warming_up=False)
+    every = _run("predicted", opt_in_share=1.0, epp_config=always, **kw)
+    assert _same(every, _run("predicted", **kw)) == {}
+    assert every["routed_predicted"] == 150
+    # with it (the default), the first requests take the heuristic until a learned model answers
+    warm = _run("predicted", opt_in_share=1.0, **kw)
+    assert warm["routed_heuristic"] == 0 and warm["routed_warm_up"] > 0 and warm["routed_predicted"] > 0
+    assert warm["routed_warm_up"] + warm["routed_predicted"] == 150
+
+
+def test_opt_in_share_draws_a_fixed_growing_set_per_seed():
+    from load.sim.driver import opt_in_draw
+
+    draws = [opt_in_draw(0, rid) for rid in range(2000)]
+    assert draws == [opt_in_draw(0, rid) for rid in range(2000)]
+    assert 0.45 < sum(d < 0.5 for d in draws) / 2000 < 0.55
+    assert draws != [opt_in_draw(1, rid) for rid in range(2000)]
+    m = _run("predicted-llmd", seed=3, limit=200, opt_in_share=0.5, retrain_interval_s=20.0)
+    opted = sum(opt_in_draw(3, rid) < 0.5 for rid in range(200))
+    assert m["routed_predicted"] + m["routed_warm_up"] == opted and m["routed_heuristic"] == 200 - opted
+
+
+def test_opt_in_share_option_is_validated_and_reported(tmp_path, capsys):
+    predicted_deps("training_server.worker")
+    assert simulate_cli.main(["--policies", "predicted", "--opt-in-share", "1.5"]) == 2
+    assert "--opt-in-share: must be in [0, 1]" in capsys.readouterr().err
+    assert simulate_cli.main(["--policies", "llmd-default", "--opt-in-share", "0.5"]) == 2
+    assert "needs a predicted policy" in capsys.readouterr().err
+    out = tmp_path / "o"
+    assert simulate_cli.main(["--scenario", "standard-small", "--limit", "60", "--policies", "llmd-default,predicted",
+                              "--load", "0.8", "--opt-in-share", "0.5", "--workers", "1", "--out", str(out),
+                              "--no-plots", "--quiet"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["opt_in_share"] == 0.5
+    assert "routed_heuristic" in res["results"]["0.8"]["predicted"]
+    assert "routed_heuristic" not in res["results"]["0.8"]["llmd-default"]
+    assert "x-prediction-based-scheduling" in res["meta"]["policy_notes"]["predicted"]

@@ -145,6 +145,21 @@ class DisaggProfileHandler:
                               f"a prefill decider is not supported with stageOrder {PREFILL_FIRST}")
         return out
 
+    #: the Prometheus family of ``decisions`` (epp_client.metrics)
+    DECISION_METRIC = ("llm_d_epp_disagg_decision", "disaggregation routing decisions")
+
+    def required_profiles(self) -> tuple[str, ...]:
+        return (self.decode_profile,)
+
+    def admits(self, request: InferenceRequest, candidates: list[Endpoint]) -> bool:
+        return True
+
+    def primary(self, results: Mapping[str, Any]) -> str:
+        return self.decode_profile
+
+    def decision(self, request: InferenceRequest, results: Mapping[str, Any]) -> str:
+        return decision_type(self.encode_profile in results, self.prefill_profile in results)
+
     # -- Pick + ProcessResults ----------------------------------------------------------
     def run(self, request: InferenceRequest, profiles: Mapping[str, Any], candidates: list[Endpoint]) -> dict:
         """Run the stages; returns {profile name: ProfileResult} of the stages that picked

@@ -186,7 +186,7 @@ class PredictedLatencyProducer(Plugin):
                 tpot_valid = p < buffered
                 tpot_headroom = buffered - p
             e.prediction = LatencyPrediction(t, p, ttft_headroom, tpot_headroom, ttft_valid, tpot_valid,
-                                             running.size(e.name), result.model_version)
+                                             running.size(e.name), result.model_version, result.model_source)
 
     def _rows_for_predictor(self, rows: list[dict]) -> list[dict]:
         if any("_no_metrics" in r for r in rows):

@@ -95,9 +95,19 @@ class PDDecider(Protocol):
 
 @runtime_checkable
 class ProfileHandler(Protocol):
-    """Also has ``decode_profile``: the name of the profile whose pick serves the request."""
+    """Chooses the profiles a request runs. ``admits``: whether the global admitters judge
+    the request; ``primary``: the profile whose pick serves it; ``decision``: the label
+    of what ran (counted in ``decisions``); ``required_profiles``: names the config must have."""
+
+    def required_profiles(self) -> tuple[str, ...]: ...
+
+    def admits(self, request: InferenceRequest, candidates: list[Endpoint]) -> bool: ...
 
     def run(self, request: InferenceRequest, profiles: Mapping[str, Any], candidates: list[Endpoint]) -> dict: ...
+
+    def primary(self, results: Mapping[str, Any]) -> str: ...
+
+    def decision(self, request: InferenceRequest, results: Mapping[str, Any]) -> str: ...
 
     def headers(self, profile_results: Mapping[str, Any]) -> dict[str, str | None]: ...
 

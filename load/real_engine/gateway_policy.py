@@ -1,19 +1,19 @@
 """Run the gateway with one of the harness's routing policies (a subprocess of the harness).
 
-    python -m load.real_engine.gateway_policy --policy llmd-default|llmd-token-load|predicted \\
+    python -m load.real_engine.gateway_policy --policy llmd-default|llmd-token-load|predicted|predicted-llmd \\
         --endpoints URL,URL --port P --prediction-urls URL --training-url URL
 
 Every policy runs a streaming predicted-latency producer, so every request is predicted
-(for the accuracy report) and trains the predictor; only ``predicted`` routes on the
-predictions. The schedulers are built here, in code or from YAML, and served by the same
-Gateway object as ``latency-predictor gateway``.
+(for the accuracy report) and trains the predictor; only ``predicted`` (the recommended
+profile, well-known config ``predicted-latency-recommended``) and ``predicted-llmd`` (llm-d's
+``predicted-latency-slo``) route on the predictions. The schedulers are built here, in code
+or from YAML, and served by the same Gateway object as ``latency-predictor gateway``.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
 from epp_client.predictor import PredictorClient
@@ -23,7 +23,11 @@ from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
 
-POLICIES = ("llmd-default", "llmd-token-load", "predicted")
+POLICIES = ("llmd-default", "llmd-token-load", "predicted", "predicted-llmd")
+#: what the harness runs unless told otherwise
+DEFAULT_POLICIES = POLICIES[:3]
+#: policy -> well-known config (epp_client.wellknown)
+PREDICTED_CONFIGS = {"predicted": "predicted-latency-recommended", "predicted-llmd": "predicted-latency-slo"}
 
 #: llm-d's default profile (queue 2, KV 2, prefix 3, max-score picker) plus a streaming
 #: producer that only predicts and records (no plugin of the profile reads predictions).
@@ -55,8 +59,8 @@ def build_router(policy: str, prediction_urls: list[str], training_url: str) -> 
         profile = SchedulingProfile("default", [PrefixCacheAffinityFilter(affinity_threshold=0.8)],
                                     [(InFlightTokenScorer(), 1.0)], MaxScorePicker())
         sched = Scheduler(producer, [], [profile], InFlightTracker())
-    elif policy == "predicted":
-        sched = Scheduler.from_config(PREDICTED_LATENCY_SLO_CONFIG, predictor=predictor, sink=reporter)
+    elif policy in PREDICTED_CONFIGS:
+        sched = Scheduler.from_config(PREDICTED_CONFIGS[policy], predictor=predictor, sink=reporter)
     else:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     return sched

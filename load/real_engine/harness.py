@@ -7,7 +7,7 @@ gateway per policy, a multi-turn workload, and a markdown report with plots.
 Everything listens on 127.0.0.1 and stops by itself. The engines are restarted (cold
 caches) before each policy; the training and prediction servers live through the whole
 run, so the predictor keeps learning from every real request (every policy's gateway
-reports TTFT/TPOT samples; only ``predicted`` routes on the predictions).
+reports TTFT/TPOT samples; only ``predicted`` and ``predicted-llmd`` route on the predictions).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from load.ports import free_port
 
 from .build import build_llama_server, install_model
 from .driver import Result, drive, fetch_records
-from .gateway_policy import POLICIES
+from .gateway_policy import DEFAULT_POLICIES, POLICIES
 from .procs import Proc
 from .stats import engine_speed, pool_rounds, summarize
 from .workload import make_workload
@@ -172,7 +172,7 @@ def run(opts: Options) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m load.real_engine", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("real-engine-report"))
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")

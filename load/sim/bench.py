@@ -18,7 +18,10 @@ from .scenarios import Scenario
 LORA_EPP_POLICIES = ("llmd-lora", "llmd-lora-history", "predicted-lora-history")
 NATIVE = {**_NATIVE, "lora-v1": LoraV1Router}
 
-EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted", *LORA_EPP_POLICIES)
+EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted-llmd", "predicted",
+                *LORA_EPP_POLICIES)
+#: the policies with a predicted-latency pipeline (the ones ``opt_in_share`` applies to)
+PREDICTED_POLICIES = ("predicted-upstream", "predicted-llmd", "predicted", "predicted-lora-history")
 
 
 @dataclass
@@ -30,6 +33,7 @@ class RunOptions:
     retrain_interval_s: float = 60.0       # simulated seconds between retrains (in-process mode)
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
+    opt_in_share: float | None = None      # predicted policies: share of requests opted in to prediction
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
     flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
     extra: dict = field(default_factory=dict)

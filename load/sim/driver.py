@@ -12,11 +12,14 @@ least-queue, oracle; ``lora_v1``).
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest
+from epp_client.plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from epp_client.plugins.opt_in import OPT_IN_HEADER
 from epp_client.plugins.prefix import ApproxPrefixProducer
 
 from .request import SimRequest
@@ -91,13 +94,25 @@ def prompt_hashes(req: SimRequest, block: int) -> list:
     return out
 
 
+def opt_in_draw(seed: int, rid: int) -> float:
+    """A uniform number in [0, 1) fixed by (seed, request id): a request is opted in to
+    prediction when it is below the share, so the opted-in set grows with the share and
+    does not depend on the policy or on the order of events."""
+    digest = hashlib.blake2b(f"{seed}:{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
 class LifecycleRouter(BaseRouter):
     """Drives a request-lifecycle policy. ``prefix``: match prompts with the approximate
-    prefix producer (the scheduler's configured one, else the default 64-token one)."""
+    prefix producer (the scheduler's configured one, else the default 64-token one).
+    ``opt_in_share``: the share of requests sent with ``x-prediction-based-scheduling:
+    true`` (:func:`opt_in_draw`); None sends the header with none."""
 
     def __init__(self, name: str, factory: PolicyFactory, seed: int = 0, learner=None, sink=None,
-                 description: str = "", prefix: bool = False) -> None:
+                 description: str = "", prefix: bool = False, opt_in_share: float | None = None) -> None:
         super().__init__(seed)
+        self.seed = seed
+        self.opt_in_share = opt_in_share
         self.name = name
         self.description = description
         self._factory = factory
@@ -150,6 +165,8 @@ class LifecycleRouter(BaseRouter):
             headers["x-llm-d-slo-ttft-ms"] = f"{req.ttft_slo_ms:.3f}"
         if req.tpot_slo_ms > 0:
             headers["x-llm-d-slo-tpot-ms"] = f"{req.tpot_slo_ms:.3f}"
+        if self.opt_in_share is not None and opt_in_draw(self.seed, req.rid) < self.opt_in_share:
+            headers[OPT_IN_HEADER] = "true"
         ireq = InferenceRequest(request_id=str(req.rid), headers=headers, priority=req.priority,
                                 input_tokens=req.input_len, target_model=req.lora, streaming=True)
         self.current = req
@@ -200,6 +217,12 @@ class LifecycleRouter(BaseRouter):
                         "training_entries": self.sink.entries if self.sink is not None else 0})
             if self.sink is not None:
                 out.update(self.sink.accuracy())
+        handler: Any = getattr(self.lifecycle, "profile_handler", None)
+        if getattr(handler, "TYPE", None) == OPT_IN_HANDLER:   # requests per route: predicted, heuristic, warm-up
+            routes = {"predicted": 0, "heuristic": 0, "warm-up": 0}
+            for (_, decision), n in handler.decisions.items():
+                routes[decision] = routes.get(decision, 0) + n
+            out.update({f"routed_{d.replace('-', '_')}": n for d, n in routes.items()})
         if self.learner is not None:
             out.update(self.learner.stats())
         return out

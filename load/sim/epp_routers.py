@@ -6,16 +6,20 @@ carry the *scraped* metrics, the approximate prefix producer's match and the
 scheduler's own in-flight counters). Predicted-latency policies learn online (``online.OnlineLearner``: the training
 server's store, retrain worker and registry in process, retraining on simulated time) or
 use real servers on loopback (``RunOptions.predictor_url`` / ``training_url``).
+``predicted`` runs the recommended profile, ``predicted-llmd`` and ``predicted-upstream``
+llm-d's predicted-latency-slo config (:data:`PREDICTED_CONFIGS`); with
+``RunOptions.opt_in_share`` their config becomes an opt-in one
+(``epp_client.wellknown.with_opt_in``) and that share of requests carries the header.
 """
 from __future__ import annotations
 
 import json
 import random
 
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
 from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile
+from epp_client.wellknown import OPT_IN_HANDLER, PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, with_opt_in
 from features.scoring import pinball_loss
 
 from .driver import LifecycleRouter
@@ -31,6 +35,23 @@ PREDICTED_LORA_HISTORY_CONFIG = (
     .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
              "  - pluginRef: latency-scorer\n    weight: 1\n  - pluginRef: lora-affinity-scorer\n    weight: 1\n", 1)
 )
+_SLO_WIRING = ("streaming producer, affinity filters, SLO tier filter, latency scorer preferring the least headroom, "
+               "weighted-random picker")
+#: policy -> (EndpointPickerConfig, description)
+PREDICTED_CONFIGS = {
+    "predicted": (RECOMMENDED_CONFIG, "predicted latency, the recommended profile (well-known config "
+                                      "predicted-latency-recommended: predicted-latency-slo with the latency scorer "
+                                      "preferring the most headroom and a max-score picker)"),
+    "predicted-llmd": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
+                                                     f"predicted-latency-slo ({_SLO_WIRING})"),
+    "predicted-upstream": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
+                                                         f"predicted-latency-slo ({_SLO_WIRING})"),
+    "predicted-lora-history": (PREDICTED_LORA_HISTORY_CONFIG, f"predicted latency, llm-d's well-known config "
+                                                              f"predicted-latency-slo ({_SLO_WIRING}) plus "
+                                                              "lora-affinity-scorer (requestHistory: true, weight 1)"),
+}
+
+
 class _Sink:
     """Training-entry sink: forwards to the learner / reporter and optionally to a JSONL file."""
 
@@ -129,7 +150,7 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
         return _router(policy, factory, opts, description=(
             f"llm-d default profile (queue 2, KV 2, prefix 3) plus lora-affinity-scorer (weight {LORA_WEIGHT:g}, "
             + ("requestHistory: true" if history else "metric-only") + "), max-score picker"))
-    if policy in ("predicted", "predicted-upstream", "predicted-lora-history"):
+    if policy in PREDICTED_CONFIGS:
         recipe = "upstream" if policy == "predicted-upstream" else "default"
         if opts.predictor_url:
             from epp_client.predictor import PredictorClient
@@ -146,8 +167,10 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             predictor = learner.predictor
             sink = _Sink(learner, record)
 
-        config = opts.epp_config or (PREDICTED_LORA_HISTORY_CONFIG if policy == "predicted-lora-history"
-                                     else PREDICTED_LATENCY_SLO_CONFIG)
+        config = opts.epp_config or PREDICTED_CONFIGS[policy][0]
+        opt_in = opts.opt_in_share is not None
+        if opt_in and OPT_IN_HANDLER not in config:   # a user config with its own handler is used as is
+            config = with_opt_in(config)
 
         def factory(rng, clock, wall):
             return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
@@ -155,13 +178,14 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
 
         where = "real prediction/training servers" if opts.predictor_url else \
             f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s"
-        return _router(policy, factory, opts, learner=learner, sink=sink, description=(
-            ("predicted latency, well-known config predicted-latency-slo (streaming producer, affinity filters, "
-             "SLO tier filter, latency scorer, weighted-random picker)"
-             + (" plus lora-affinity-scorer (requestHistory: true, weight 1)"
-                if policy == "predicted-lora-history" else "") if not opts.epp_config else
-             "predicted latency with a user EndpointPickerConfig (--epp-config)")
-            + f"; {recipe} recipe; {where}"))
+        what = (PREDICTED_CONFIGS[policy][1] if not opts.epp_config else
+                "predicted latency with a user EndpointPickerConfig (--epp-config)")
+        if opt_in:
+            what += (f"; opted in per request (x-prediction-based-scheduling: true) with probability "
+                     f"{opts.opt_in_share:g}, the others on llm-d's default profile "
+                     "(prediction-opt-in-profile-handler)")
+        return _router(policy, factory, opts, learner=learner, sink=sink, opt_in_share=opts.opt_in_share,
+                       description=f"{what}; {recipe} recipe; {where}")
     raise ValueError(f"unknown epp policy {policy!r}")
 
 

@@ -4,7 +4,7 @@ Each router is the simulator's :class:`~load.sim.driver.LifecycleRouter` driving
 policy of :mod:`epp_client.heuristics` (``random``, ``round-robin``, ``least-queue``:
 fewest requests in flight as counted by the policy's own in-flight tracker) or the
 oracle below. The llm-d policies (``llmd-default``, ``llmd-token-load``,
-``predicted-upstream``, ``predicted``) live in ``epp_routers`` and run epp_client's plugins.
+``predicted-upstream``, ``predicted-llmd``, ``predicted``) live in ``epp_routers`` and run epp_client's plugins.
 """
 from __future__ import annotations
 

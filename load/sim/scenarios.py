@@ -10,7 +10,7 @@ from .lora_workloads import LoraSetup, spike_adapters, spike_arrivals, zipf_adap
 from .stepmodel import ServerSpec, get_preset
 
 POLICIES = ("random", "round-robin", "least-queue", "llmd-default", "llmd-token-load",
-            "predicted-upstream", "predicted", "oracle")
+            "predicted-upstream", "predicted-llmd", "predicted", "oracle")
 LOADS = (0.5, 0.8, 1.0, 1.2)
 
 #: Standard SLO: TTFT within 1 s plus 3x the prompt's prefill time on an idle server,

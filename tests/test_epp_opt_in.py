@@ -1,0 +1,183 @@
+"""Per-request opt-in to prediction (prediction-opt-in-profile-handler) and the well-known
+configs by name: which profile a request takes, the warm-up fallback, admission, config errors."""
+from __future__ import annotations
+
+import random
+
+import prometheus_client
+import pytest
+import yaml
+
+from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.metrics import EppCollector
+from epp_client.plugins import LatencyScorer, MaxScorePicker, QueueScorer, WeightedRandomPicker
+from epp_client.plugins.opt_in import OPT_IN_HEADER
+from epp_client.predictor import BulkPrediction, InProcessPredictor
+from epp_client.scheduler import Scheduler
+from epp_client.training import ListSink
+from epp_client.wellknown import (PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, WELL_KNOWN_CONFIGS, config_text,
+                                  with_opt_in)
+from features.loaded import LoadedBundle
+
+
+class FixedPredictor:
+    """Predicts a TTFT that grows with the endpoint's queue; ``source`` as the server reports it."""
+
+    def __init__(self, source: str = "learned", fail: bool = False) -> None:
+        self.source, self.fail = source, fail
+
+    def predict_bulk(self, rows):
+        if self.fail:
+            return None
+        return BulkPrediction([100.0 + 50.0 * r["num_request_waiting"] for r in rows], [10.0] * len(rows), "v1",
+                              self.source)
+
+    async def apredict_bulk(self, rows):
+        return self.predict_bulk(rows)
+
+
+def pool():
+    return [Endpoint(name=f"pod{i}", address=f"10.0.0.{i}", port=8000,
+                     metrics=EndpointMetrics(kv_cache_usage=0.1 * i, waiting_queue_size=i, running_requests_size=2),
+                     prefix_match=PrefixMatch(0, 10)) for i in range(4)]
+
+
+def request(header: str | None = None, **kw) -> InferenceRequest:
+    headers = {"x-llm-d-slo-ttft-ms": "1000", "x-llm-d-slo-tpot-ms": "50"}
+    if header is not None:
+        headers[OPT_IN_HEADER] = header
+    return InferenceRequest(headers=headers, input_tokens=500, **kw)
+
+
+def sched(predictor=None, **opt_in) -> Scheduler:
+    return Scheduler.from_config(with_opt_in(RECOMMENDED_CONFIG, **opt_in),
+                                 predictor=predictor if predictor is not None else FixedPredictor(),
+                                 sink=ListSink(), rng=random.Random(1))
+
+
+def ran(s: Scheduler, req: InferenceRequest) -> tuple[list[str], str, str]:
+    """(profiles that ran, decision, picked endpoint)."""
+    res = s.schedule(req, pool())
+    assert res.ok
+    return list(res.profiles), res.decision, res.endpoint.name
+
+
+def test_the_header_routes_through_the_predicted_profile_and_its_absence_through_the_heuristic():
+    s = sched()
+    predicted, heuristic = s.profiles
+    assert [type(sc).__name__ for sc, _ in predicted.scorers] == ["LatencyScorer"]
+    assert [type(sc).__name__ for sc, _ in heuristic.scorers] == ["QueueScorer", "KVCacheUtilizationScorer",
+                                                                  "PrefixCacheScorer"]
+    assert ran(s, request("true")) == (["predicted"], "predicted", "pod0")
+    assert ran(s, request("TRUE ")) == (["predicted"], "predicted", "pod0")   # the value is read without case
+    for header in (None, "false", "yes"):
+        profiles, decision, _ = ran(s, request(header))
+        assert (profiles, decision) == (["default"], "heuristic")
+    assert s.profile_handler.decisions == {("unknown", "predicted"): 2, ("unknown", "heuristic"): 3}
+    # the producer predicted for every request (the heuristic ones train the model too)
+    assert s.producer.counters["predictions"] == 5
+
+
+def test_prediction_for_all_makes_the_header_an_opt_out():
+    s = sched(prediction_for_all=True)
+    assert ran(s, request())[:2] == (["predicted"], "predicted")
+    assert ran(s, request("true"))[:2] == (["predicted"], "predicted")
+    assert ran(s, request("false"))[:2] == (["default"], "heuristic")
+
+
+@pytest.mark.parametrize("predictor", [FixedPredictor(source="prior"), FixedPredictor(fail=True),
+                                       InProcessPredictor(LoadedBundle.builtin_prior)],
+                         ids=["prior-answers", "producer-falls-back", "builtin-prior-bundle"])
+def test_opted_in_requests_take_the_heuristic_while_the_predictor_warms_up(predictor):
+    s = sched(predictor)
+    assert ran(s, request("true"))[:2] == (["default"], "warm-up")
+    assert ran(s, request())[:2] == (["default"], "heuristic")
+    assert s.profile_handler.decisions == {("unknown", "warm-up"): 1, ("unknown", "heuristic"): 1}
+    # without the warm-up rule an opted-in request runs the predicted profile on what it has
+    off = sched(predictor, heuristic_while_warming_up=False)
+    assert ran(off, request("true"))[:2] == (["predicted"], "predicted")
+
+
+def test_warm_up_ends_when_a_learned_model_answers():
+    pred = FixedPredictor(source="prior")
+    s = sched(pred)
+    assert ran(s, request("true"))[1] == "warm-up"
+    pred.source = "learned"
+    assert ran(s, request("true"))[1] == "predicted"
+
+
+def test_only_predicted_requests_meet_the_admitters():
+    # sheddable, with an SLO no endpoint is predicted to meet: latency-slo-admitter rejects it
+    s = sched()
+    busy = pool()
+    for e in busy:
+        e.metrics = EndpointMetrics(kv_cache_usage=0.5, waiting_queue_size=40, running_requests_size=8)
+    shed = s.schedule(request("true", priority=-1), busy)
+    assert (shed.status, shed.reason) == (429, "no valid endpoint available to serve the request")
+    kept = s.schedule(request(None, priority=-1), busy)
+    assert kept.ok and kept.decision == "heuristic"
+    assert s.admitters[0].rejected == 1
+
+
+def test_decisions_are_exported():
+    s = sched()
+    for header in ("true", "true", None):
+        s.schedule(request(header, target_model="m1"), pool())
+    reg = prometheus_client.CollectorRegistry()
+    reg.register(EppCollector(scheduler=s))
+
+    def val(decision):
+        return reg.get_sample_value("epp_prediction_opt_in_decision_total", {
+            "plugin_name": "prediction-opt-in-profile-handler", "plugin_type": "prediction-opt-in-profile-handler",
+            "model_name": "m1", "decision_type": decision})
+    assert (val("predicted"), val("heuristic")) == (2, 1)
+
+
+def _config_with(params: dict, profiles=("predicted", "default")) -> str:
+    cfg = yaml.safe_load(with_opt_in(PREDICTED_LATENCY_SLO_CONFIG))
+    cfg["plugins"][-1]["parameters"] = params
+    cfg["schedulingProfiles"] = [dict(p, name=n) for p, n in zip(cfg["schedulingProfiles"], profiles)]
+    return yaml.safe_dump(cfg)
+
+
+@pytest.mark.parametrize("params, where, what", [
+    ({"predictionForAll": "yes"}, "parameters.predictionForAll", "must be a bool"),
+    ({"heuristicWhileWarmingUp": 1}, "parameters.heuristicWhileWarmingUp", "must be a bool"),
+    ({"predictedProfile": ""}, "parameters.predictedProfile", "a profile name"),
+    ({"heuristicProfile": "predicted"}, "parameters.heuristicProfile", "must differ from predictedProfile"),
+    ({"predictionByDefault": True}, "parameters.predictionByDefault", "unknown parameter"),
+])
+def test_invalid_handler_parameters_name_the_parameter(params, where, what):
+    with pytest.raises(ConfigError) as e:
+        Scheduler.from_config(_config_with(params))
+    n = len(yaml.safe_load(_config_with(params))["plugins"]) - 1
+    assert e.value.param == f"plugins[{n}].{where}" and what in e.value.msg
+
+
+def test_the_handler_needs_both_profiles_and_with_opt_in_one_profile():
+    with pytest.raises(ConfigError, match="needs a profile named 'default'"):
+        Scheduler.from_config(_config_with({}, profiles=("predicted", "heuristic")))
+    assert Scheduler.from_config(_config_with({"heuristicProfile": "heuristic"},
+                                              profiles=("predicted", "heuristic"))).profile_handler
+    with pytest.raises(ConfigError, match="already has a prediction-opt-in-profile-handler"):
+        with_opt_in(with_opt_in(RECOMMENDED_CONFIG))
+    with pytest.raises(ConfigError, match="exactly one profile"):
+        with_opt_in("plugins: [{type: queue-scorer}]\nschedulingProfiles: [{name: a}, {name: b}]\n")
+
+
+def test_well_known_configs_by_name(tmp_path):
+    assert set(WELL_KNOWN_CONFIGS) == {"predicted-latency-slo", "predicted-latency-recommended"}
+    rec = Scheduler.from_config("predicted-latency-recommended", predictor=FixedPredictor())
+    (prof,) = rec.profiles
+    scorer = prof.scorers[0][0]
+    assert isinstance(scorer, LatencyScorer) and scorer.headroom_selection_strategy == "most"
+    assert isinstance(prof.picker, MaxScorePicker)
+    slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
+    assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)
+    assert slo.profiles[0].scorers[0][0].headroom_selection_strategy == "least"
+    f = tmp_path / "c.yaml"
+    f.write_text("plugins: [{type: queue-scorer}]\n")
+    assert config_text("predicted-latency-slo") == PREDICTED_LATENCY_SLO_CONFIG
+    assert isinstance(Scheduler.from_config(config_text(str(f))).profiles[0].scorers[0][0], QueueScorer)
+    with pytest.raises(OSError):
+        config_text(str(tmp_path / "missing.yaml"))
