@@ -123,7 +123,7 @@ def test_a_hot_set_keeps_the_generations_bounded_and_matching_exact():
 
 
 def test_long_prompts_spill_over_several_generations_in_order():
-    lru = GenerationLRU(100)                    # generations of 25
+    lru = GenerationLRU(100, generations=4)     # generations of 25
     lru.record(list(range(90)))
     assert [len(g) for g in lru.gens] == [25, 25, 25, 15] and lru.order() == list(range(90))
     lru.record(list(range(1000, 1030)))         # 20 over capacity: 0..19 go

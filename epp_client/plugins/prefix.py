@@ -16,9 +16,10 @@ Parameters (upstream names): ``blockSizeTokens`` (tokens per hashed block, defau
 ``maxPrefixBlocksToMatch`` (default 2048), ``lruCapacityPerServer`` (blocks remembered
 per endpoint, default 31250). Thread-safe (the gateway's scrape and request tasks).
 
-Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: exact until it first fills,
-then least-recently-used at the granularity of an eighth of the capacity (its module says
-what that bounds); it costs a decision far less than an exact ``OrderedDict`` LRU.
+Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: the same blocks, order and
+capacity as an ``OrderedDict`` LRU (but for one documented case: a block recorded after
+the prompt's first miss is not moved), kept in a few generations so that no table is
+rebuilt at the full capacity; it costs a decision much less.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class ApproxPrefixProducer(Plugin):
     max_prefix_blocks: int = param("maxPrefixBlocksToMatch", default=2048, check=gt(0),
                                    doc="leading blocks of a prompt that are hashed and matched")
     lru_capacity_per_endpoint: int = param("lruCapacityPerServer", default=31250, check=gt(0),
-                                           doc="blocks remembered per endpoint (LRU at 1/8 granularity)")
+                                           doc="blocks remembered per endpoint (LRU)")
 
     def setup(self) -> None:
         self.capacity = self.lru_capacity_per_endpoint

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from itertools import islice
 
-GENERATIONS = 4
+GENERATIONS = 8
 
 
 class GenerationLRU:
