@@ -2,28 +2,33 @@
 
 An ``OrderedDict`` LRU costs a linked-list node and an eviction per recorded block in one
 large table, and that table is rebuilt as a whole every few tens of thousands of inserts
-(milliseconds at the default 31,250 blocks). Here the LRU order is split over a short list
-of insertion-ordered dicts, the *generations*, oldest first, each at most
-``ceil(capacity / GENERATIONS)`` blocks:
+(milliseconds at the default 31,250 blocks). Here the recency order is split over a short
+list of insertion-ordered dicts, the *generations*, oldest first, each of at most
+``g = ceil(capacity / GENERATIONS)`` blocks (3,907 at the default capacity):
 
-- recording a prompt takes its leading hits out of the generations that held them and
-  appends all its blocks, in order, to the newest generation; a full newest generation is
-  closed and an empty one opened;
+- recording a prompt takes its leading hits out of the older generations that held them
+  and appends its blocks, in order, to the newest generation; a full newest generation is
+  closed and an empty one opened. A block the newest generation already holds keeps its
+  place in it unless the prompt runs past the generation's end (moving it would cost two
+  more dict operations per hit, the common case of a prompt sent again);
 - over capacity, the excess is evicted from the front of the oldest generation, and an
   emptied generation is dropped whole. Old generations only shrink, so no table is ever
   rebuilt at more than a generation's size.
 
-The concatenated generations are the exact LRU order, so the eviction order and the
-capacity are the exact LRU's, with one exception: a block recorded *after* the prompt's
-first miss is appended without looking in the older generations (that would cost a
-lookup per generation and block). If it was held in an older generation (with chained
-hashes: its predecessor in the prompt was evicted and it was not yet, so it sits at the
-very front of the oldest generation), that copy stays until it is evicted in turn and
-counts towards the capacity meanwhile: the index then holds fewer distinct blocks than
-the capacity by the number of such copies. If it was held in the newest generation, it
-keeps its place there instead of moving to the end. Matching (``leading``) sees the same
-blocks as the exact LRU: each generation that could hold a block is looked in (about
-``2 * GENERATIONS`` at most on a miss).
+So, against an exact LRU of the same capacity:
+
+- matching (``leading``) sees the same blocks: each generation that could hold a block
+  is looked in (about ``2 * GENERATIONS`` at most, on a miss); with nothing evicted yet
+  the matches are the exact LRU's;
+- at most ``capacity`` entries are held, exactly ``capacity`` once it has been reached;
+- the order is the exact LRU's but within the newest generation (see above), so a block
+  is evicted only after at least ``capacity - g`` other blocks were recorded after its
+  last use (exact LRU: ``capacity``);
+- a block recorded *after* the prompt's first miss is appended without being looked for
+  in the older generations (a lookup per generation and block). If one held it (with
+  chained hashes: its predecessor in the prompt was evicted and it was not yet, so it is
+  about to be), that copy stays until evicted in turn and counts towards the capacity
+  meanwhile.
 """
 from __future__ import annotations
 
@@ -74,24 +79,28 @@ class GenerationLRU:
         """Record a prompt's blocks as the most recently used, in order; returns how many
         leading blocks were held before."""
         gens = self.gens
-        g = gens[-1]
-        n = 0
-        for h in hashes:                 # the leading hits leave their place in the order
+        newest = g = gens[-1]
+        n = moved = 0
+        for h in hashes:                 # the leading hits in older generations leave them
             if h not in g:
                 for g in gens:
                     if h in g:
                         break
                 else:
                     break
-            del g[h]
+            if g is not newest:
+                del g[h]
+                moved += 1
             n += 1
-        entries = self.entries - n
-        newest = gens[-1]
+        entries = self.entries - moved
         before = len(newest)
         if len(hashes) <= self.gen_capacity - before:
             newest.update(dict.fromkeys(hashes))
             entries += len(newest) - before
-        else:
+        else:                            # over a generation's end: the hits it holds move too
+            for h in hashes[:n]:
+                newest.pop(h, None)
+            entries -= before - len(newest)
             entries += self._spill(hashes)
         if entries > self.capacity:
             self._evict(entries - self.capacity)
