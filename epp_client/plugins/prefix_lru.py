@@ -4,7 +4,7 @@ An ``OrderedDict`` LRU costs a linked-list node and an eviction per recorded blo
 large table, and that table is rebuilt as a whole every few tens of thousands of inserts
 (milliseconds at the default 31,250 blocks). Here the recency order is split over a short
 list of insertion-ordered dicts, the *generations*, oldest first, each of at most
-``g = ceil(capacity / GENERATIONS)`` blocks (3,907 at the default capacity):
+``g = ceil(capacity / GENERATIONS)`` blocks (7,813 at the default capacity):
 
 - recording a prompt takes its leading hits out of the older generations that held them
   and appends its blocks, in order, to the newest generation; a full newest generation is
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from itertools import islice
 
-GENERATIONS = 8
+GENERATIONS = 4
 
 
 class GenerationLRU:
