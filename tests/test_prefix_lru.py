@@ -133,6 +133,27 @@ def test_a_hot_set_keeps_the_generations_bounded():
         assert lru.leading(seq) == len(seq) and len(lru) == len(ref.od)
 
 
+@pytest.mark.parametrize("capacity,generations", [(7, 2), (37, 4), (200, 4), (200, 8)])
+def test_any_sequences_keep_the_counts_and_bounds(capacity, generations):
+    """Repeats, reorders, hot and cold blocks, prompts longer than a generation: the entry
+    count stays the sum of the generations, within the capacity and at it once full, the
+    generations stay few and small, and a recorded prompt's last block is held."""
+    rng = random.Random(capacity * generations)
+    lru = GenerationLRU(capacity, generations)
+    hot = [rng.sample(range(50), rng.randrange(1, 12)) for _ in range(6)]
+    for i in range(3000):
+        if rng.random() < 0.5:
+            seq = list(rng.choice(hot))
+        else:
+            seq = [rng.randrange(50 + i // 10) for _ in range(rng.randrange(1, 2 * lru.gen_capacity + 3))]
+        lru.record(seq)
+        sizes = [len(g) for g in lru.gens]
+        assert sum(sizes) == lru.entries <= capacity and max(sizes) <= lru.gen_capacity
+        assert len(lru.gens) <= 2 * generations + 1
+        assert lru.leading(seq[-1:]) == 1
+    assert lru.entries == capacity
+
+
 def test_long_prompts_spill_over_several_generations_in_order():
     lru = GenerationLRU(100, generations=4)     # generations of 25
     lru.record(list(range(90)))

@@ -100,30 +100,26 @@ class GenerationLRU:
         else:                            # over a generation's end: the hits it holds move too
             for h in hashes[:n]:
                 newest.pop(h, None)
-            entries -= before - len(newest)
-            entries += self._spill(hashes)
+            self._spill(hashes)
+            entries = sum(map(len, gens))    # (a merge in _open can drop a duplicate)
         if entries > self.capacity:
             self._evict(entries - self.capacity)
             entries = self.capacity
         self.entries = entries
         return n
 
-    def _spill(self, hashes: Sequence) -> int:
-        """Append ``hashes`` across as many new generations as they fill; returns the entries
-        added."""
+    def _spill(self, hashes: Sequence) -> None:
+        """Append ``hashes`` across as many new generations as they fill."""
         newest = self.gens[-1]
         cap = self.gen_capacity
-        added = i = 0
+        i = 0
         while i < len(hashes):
             room = cap - len(newest)
             if room <= 0:
                 newest = self._open()
                 room = cap
-            before = len(newest)
             newest.update(dict.fromkeys(hashes[i:i + room]))
-            added += len(newest) - before
             i += room
-        return added
 
     def _evict(self, excess: int) -> None:
         """Evict the ``excess`` least recently used entries: from the front of the oldest
