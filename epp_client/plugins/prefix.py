@@ -16,10 +16,11 @@ Parameters (upstream names): ``blockSizeTokens`` (tokens per hashed block, defau
 ``maxPrefixBlocksToMatch`` (default 2048), ``lruCapacityPerServer`` (blocks remembered
 per endpoint, default 31250). Thread-safe (the gateway's scrape and request tasks).
 
-Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: the same blocks, order and
-capacity as an ``OrderedDict`` LRU (but for one documented case: a block recorded after
-the prompt's first miss is not moved), kept in a few generations so that no table is
-rebuilt at the full capacity; it costs a decision much less.
+Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: the capacity of an
+``OrderedDict`` LRU and, until it first fills, its matches; its eviction order but for two
+approximations its module states (a block is evicted only after at least 3/4 of the
+capacity was recorded after its last use). It is kept in a few generations so that no
+table is rebuilt at the full capacity, and costs a decision much less.
 """
 from __future__ import annotations
 

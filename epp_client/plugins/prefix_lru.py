@@ -17,9 +17,9 @@ list of insertion-ordered dicts, the *generations*, oldest first, each of at mos
 
 So, against an exact LRU of the same capacity:
 
-- matching (``leading``) sees the same blocks: each generation that could hold a block
-  is looked in (about ``2 * GENERATIONS`` at most, on a miss); with nothing evicted yet
-  the matches are the exact LRU's;
+- matching (``leading``) looks in each generation that could hold a block (on a miss,
+  all of them: ``GENERATIONS + 1`` as a rule, at most about twice that); with nothing
+  evicted yet the matches are the exact LRU's;
 - at most ``capacity`` entries are held, exactly ``capacity`` once it has been reached;
 - the order is the exact LRU's but within the newest generation (see above), so a block
   is evicted only after at least ``capacity - g`` other blocks were recorded after its
