@@ -7,6 +7,8 @@ block), as llm-d's approximate prefix producer hashes token blocks.
 """
 from __future__ import annotations
 
+import functools
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,15 +133,27 @@ def block_hashes(text: bytes, block_tokens: int, max_blocks: int) -> list[int]:
     hash): about 3x cheaper per block than a hashlib call, which is most of a decision's
     prefix cost on long prompts (``bench_epp --mode prefix``). The values are specific to
     the process (``PYTHONHASHSEED``); the prefix index that uses them never leaves it.
+    The blocks are cut by ``struct`` (one call per 64 of them): the same bytes as slicing
+    in Python, at a fraction of the cost.
     """
     if not isinstance(text, bytes):
         text = bytes(text)
     size = block_tokens * BYTES_PER_TOKEN
     n = min(len(text) // size, max_blocks)
-    view = memoryview(text)
     out: list[int] = []
+    append = out.append
     prev = 0
-    for i in range(0, n * size, size):
-        prev = hash((prev, view[i:i + size]))
-        out.append(prev)
+    for first in range(0, n, _UNPACK_BLOCKS):
+        for block in _unpacker(size, min(_UNPACK_BLOCKS, n - first)).unpack_from(text, first * size):
+            prev = hash((prev, block))
+            append(prev)
     return out
+
+
+_UNPACK_BLOCKS = 64
+
+
+@functools.lru_cache(maxsize=256)
+def _unpacker(size: int, blocks: int) -> struct.Struct:
+    """Cuts ``blocks`` consecutive blocks of ``size`` bytes."""
+    return struct.Struct("<" + f"{size}s" * blocks)

@@ -14,8 +14,8 @@ earlier on one endpoint (a shared document or conversation), the rest is new. Th
 text is built outside the timed section. Before timing, every endpoint's LRU is filled
 past its capacity (``fill_to_steady_state``: a gateway that has run for a while, every
 insert evicting); ``--fresh-index`` times from an empty index instead, while the LRUs
-still grow (their dicts resize as they do, which is what a fresh index's p99 shows). The table also gives the p50 of
-the hashing step alone (wall clock), the part that grows with the prompt.
+still grow. The table also gives the p50 of the hashing step alone (wall clock), the part
+that grows with the prompt.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ N_SHARED = 32           # shared prefixes, each first recorded on one endpoint
 
 def fill_to_steady_state(index: ApproxPrefixProducer, names: list[str], rng: random.Random) -> None:
     """Fill every endpoint's LRU past its capacity with random blocks: a random 2-4x the
-    capacity each, so the endpoints sit at different points of the LRU dict's periodic
-    rebuild (every insert takes a new dict entry; a full LRU is rebuilt once every few
-    times its size in inserts), as in a gateway that has run for a while."""
+    capacity each, so the endpoints sit at different points of their LRU's cycle (the
+    generation being filled and the one being emptied), as in a gateway that has run for
+    a while."""
     chunk = index.max_prefix_blocks
     for name in names:
         for _ in range(rng.randrange(2 * index.capacity, 4 * index.capacity) // chunk):

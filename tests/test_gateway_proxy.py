@@ -291,6 +291,19 @@ def test_prefix_index_lru_and_chaining():
     assert idx.match("other", a).score == 0.0
 
 
+def test_block_hashes_chain_every_full_block_across_unpack_batches():
+    """Each hash is hash((previous hash, block bytes)), also past the 64 blocks cut per
+    struct call; a partial last block and blocks past max_blocks are left out."""
+    text = bytes(range(256)) * 130 + b"tail"     # 130 full 256-byte blocks (64 tokens each)
+    expect, prev = [], 0
+    for i in range(0, 130 * 256, 256):
+        prev = hash((prev, text[i:i + 256]))
+        expect.append(prev)
+    assert block_hashes(text, 64, 2048) == expect
+    assert block_hashes(bytearray(text), 64, 100) == expect[:100]
+    assert block_hashes(text[:255], 64, 10) == []
+
+
 def test_prompt_estimate_and_errors():
     p = extract_prompt({"prompt": "x" * 41, "stream": True, "max_tokens": 7}, chat=False)
     assert p.input_tokens == 11 and p.streaming and p.max_tokens == 7

@@ -15,15 +15,21 @@ token segments) in blocks of ``block_size_tokens``, at most ``max_prefix_blocks`
 Parameters (upstream names): ``blockSizeTokens`` (tokens per hashed block, default 64),
 ``maxPrefixBlocksToMatch`` (default 2048), ``lruCapacityPerServer`` (blocks remembered
 per endpoint, default 31250). Thread-safe (the gateway's scrape and request tasks).
+
+Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: the capacity of an
+``OrderedDict`` LRU and, until it first fills, its matches; its eviction order but for two
+approximations its module states (a block is evicted only after at least 3/4 of the
+capacity was recorded after its last use). It is kept in a few generations so that no
+table is rebuilt at the full capacity, and costs a decision much less.
 """
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from ..params import Plugin, gt, param
 from ..types import Endpoint, PrefixMatch
+from .prefix_lru import GenerationLRU
 from .protocols import PrefixProducer
 from .registry import plugin
 
@@ -38,7 +44,7 @@ class ApproxPrefixProducer(Plugin):
 
     def setup(self) -> None:
         self.capacity = self.lru_capacity_per_endpoint
-        self._lru: dict[str, OrderedDict[object, None]] = {}
+        self._lru: dict[str, GenerationLRU] = {}
         self._lock = threading.Lock()
         self.lookups = 0
         self.hit_blocks = 0
@@ -48,35 +54,31 @@ class ApproxPrefixProducer(Plugin):
         """Leading blocks of ``hashes`` cached on ``endpoint``; ``total_blocks`` defaults to
         ``len(hashes)`` (the simulator counts a partial last block too)."""
         with self._lock:
-            n = _leading(self._lru.get(endpoint), hashes)
+            lru = self._lru.get(endpoint)
+            n = lru.leading(hashes) if lru is not None else 0
         return PrefixMatch(n, len(hashes) if total_blocks is None else total_blocks, self.block_size_tokens)
 
     def produce(self, hashes: Sequence, endpoints: Iterable[Endpoint], total_blocks: int | None = None) -> None:
         """Write each endpoint's :class:`PrefixMatch` for a prompt with these block hashes
-        (one lock for all endpoints: this runs for every candidate of every decision)."""
+        (one lock for all endpoints: this runs for every candidate of every decision). The
+        endpoints without a match share one ``PrefixMatch(0, ...)`` (it is never mutated)."""
         total = len(hashes) if total_blocks is None else total_blocks
         block = self.block_size_tokens
         lrus = self._lru
+        none = PrefixMatch(0, total, block)
         with self._lock:
             for e in endpoints:
-                e.prefix_match = PrefixMatch(_leading(lrus.get(e.name), hashes), total, block)
+                lru = lrus.get(e.name)
+                n = lru.leading(hashes) if lru is not None else 0
+                e.prefix_match = PrefixMatch(n, total, block) if n else none
 
     def record(self, endpoint: str, hashes: Sequence) -> PrefixMatch:
         """Record a dispatch; returns the match the request had (for hit-rate accounting)."""
         with self._lock:
-            lru = self._lru.setdefault(endpoint, OrderedDict())
-            n = 0
-            counting = True
-            for h in hashes:
-                if h in lru:
-                    if counting:
-                        n += 1
-                    lru.move_to_end(h)
-                else:
-                    counting = False
-                    lru[h] = None       # a new key goes to the most recent end already
-            while len(lru) > self.capacity:
-                lru.popitem(last=False)
+            lru = self._lru.get(endpoint)
+            if lru is None:
+                lru = self._lru[endpoint] = GenerationLRU(self.capacity)
+            n = lru.record(hashes)
             self.lookups += 1
             self.hit_blocks += n
             self.total_blocks += len(hashes)
@@ -95,13 +97,3 @@ class ApproxPrefixProducer(Plugin):
     def hit_ratio(self) -> float:
         return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
 
-
-def _leading(lru: OrderedDict | None, hashes: Sequence) -> int:
-    """How many leading ``hashes`` are in ``lru``."""
-    n = 0
-    if lru:
-        for h in hashes:
-            if h not in lru:
-                break
-            n += 1
-    return n
