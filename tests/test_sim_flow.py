@@ -198,3 +198,12 @@ def test_flow_params_reach_the_program_aware_policy_and_are_validated(capsys, tm
                               str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["flow_params"] == {"lasHalfLifeSeconds": 10}
     assert "lasHalfLifeSeconds=10" in (tmp_path / "report.md").read_text()     # the run says what it tuned
+
+
+def test_jains_index_is_over_every_programs_mean_wait_including_programs_that_never_waited():
+    driver = AgenticDriver(programs(3, seed=0), SloClass(), SPEC)
+    for p, waits in zip(driver.progs.values(), ([1.0, 3.0], [4.0], [0.0, 0.0, 0.0])):
+        p.waits = waits                        # a rejected turn's wait is in here too (test above)
+    m = summarize_programs(driver)
+    assert m["jain_index"] == pytest.approx((2 + 4 + 0) ** 2 / (3 * (2 ** 2 + 4 ** 2 + 0)))   # 0.6: per-program means
+    assert m["queue_wait_mean_s"] == pytest.approx(8 / 6)                                   # per request
