@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from load.sim import bench, parallel
+from load.sim import bench, flowsim, parallel
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
 
@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="saturation detector of the flow-control policies: type=concurrency-detector (default "
                         "utilization-detector) or a parameter, e.g. queueDepthThreshold=2, maxConcurrency=16 "
                         "(repeatable; llm-d's defaults otherwise)")
+    p.add_argument("--flow-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="program-aware-fairness parameter of the +las and +turn-priority policies, e.g. "
+                        "lasWeightHeadWait=0.5, lasHalfLifeSeconds=10, turnPriorityTimeWeight=0.1 (repeatable; "
+                        "B4.5's defaults otherwise)")
     p.add_argument("--prefill-servers", type=int, default=None,
                    help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
     p.add_argument("--decode-servers", type=int, default=None,
@@ -112,6 +116,17 @@ def _scenario(args):
     return trace_scenario(Path(args.trace), servers, args.preset or DEFAULT_PRESET)
 
 
+def _pairs(items: list[str], flag: str) -> dict:
+    """``NAME=VALUE`` options -> {name: value} (values read as YAML scalars: 0.5, 16, 10s)."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not name or not eq:
+            raise ValueError(f"{flag}: expected NAME=VALUE, got {item!r}")
+        out[name] = yaml.safe_load(value) if value else None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
@@ -139,13 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.record_trace and not any(p in bench.EPP_POLICIES for p in policies):
             raise ValueError("--record-trace needs an llm-d policy (training entries come from epp_client's "
                              f"producer): one of {', '.join(bench.EPP_POLICIES)}")
-        detector = {}
-        for item in args.flow_detector:
-            name, _, value = item.partition("=")
-            detector[name] = yaml.safe_load(value) if value else None
+        detector = _pairs(args.flow_detector, "--flow-detector")
         from epp_client.flowcontrol import make_detector
 
         make_detector(detector)   # validate now: ConfigError names the parameter
+        flow_params = flowsim.policy_params(_pairs(args.flow_param, "--flow-param"))
         for flag, v in (("--prefill-servers", args.prefill_servers), ("--decode-servers", args.decode_servers)):
             if v is not None and v < 1:
                 raise ValueError(f"{flag}: must be >= 1, got {v}")
@@ -180,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config, opt_in_share=args.opt_in_share,
-                            flow_ttl_s=args.flow_ttl,
-                            flow_detector=detector,
+                            flow_ttl_s=args.flow_ttl, flow_detector=detector, flow_params=flow_params,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
     native_note = None
@@ -225,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"native_load": native_note} if native_note else {}),
+            **({"flow_params": opts.flow_params} if opts.flow_params else {}),
             "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},
             "cpu_s": {f"{lab}|{p}": c for (lab, p), (_, c) in wall.items()}}
     summary = {lab: {p: {k: v for k, v in m.items()} for p, m in per.items()} for lab, per in results.items()}
@@ -264,10 +277,12 @@ def _main_seeds(args, scenario, loads, policies, opts, native_note=None) -> int:
             opts.record_trace.close()
     agg = seeds.aggregate(per_seed)
     if args.out:
-        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg, native_note)
+        seeds.write(Path(args.out), scenario.name, args.seed, args.seeds, per_seed, agg, native_note,
+                    opts.flow_params)
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
     else:
-        print(seeds.report(scenario.name, args.seed, args.seeds, agg, native_note, per_seed))
+        note = "\n".join(x for x in (native_note, flowsim.params_note(opts.flow_params)) if x) or None
+        print(seeds.report(scenario.name, args.seed, args.seeds, agg, note, per_seed))
     return 0
 
 

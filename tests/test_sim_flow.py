@@ -2,6 +2,8 @@
 dispatch on simulated time, TTL rejections, and the benchmark's policy names."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from load import simulate_cli
@@ -168,3 +170,40 @@ def test_seeds_report_has_the_program_table_and_the_acceptance_checks():
     assert "Jain FCFS 0.400 LAS 0.350 (-0.050)" in line
     text = seeds.report("agentic", 3, 1, seeds.aggregate({"1.0": per}), per_seed={"1.0": per})
     assert "| token-load+turn-priority | 160.0 ± 0.0 s |" in text and "reduction +20.0%" in text
+
+
+def test_flow_params_reach_the_program_aware_policy_and_are_validated(capsys, tmp_path):
+    params = {"lasWeightService": 0.0, "lasWeightHeadWait": 1.0, "lasHalfLifeSeconds": 10}
+    router = make("x+las", LeastQueueRouter(0), 60.0, None, params)
+    [pol] = router.flow.controller.policies()
+    assert (pol.strategy, pol.las_weight_service, pol.las_weight_head_wait, pol.las_half_life_s) == ("las", 0, 1, 10)
+    tp = make("x+turn-priority", LeastQueueRouter(0), 60.0, None, {"turnPriorityTimeWeight": 0.1})
+    assert tp.flow.controller.policies()[0].turn_priority_time_weight == 0.1
+    # LAS weighing only the head wait is FCFS across flows: the same dispatch order on the same arrivals
+    progs = programs(40, seed=2)
+    fcfs, _, _ = run("x+fcfs", scaled(progs, 2.0))
+    inner = LeastQueueRouter(0)
+    las = make("x+las", inner, 60.0, None, params)
+    las.driver = AgenticDriver(scaled(progs, 2.0), SloClass(), SPEC)
+    res = Simulation(ClusterConfig([SPEC]), las.driver.initial_requests(), las).run()
+    default_las, _, _ = run("x+las", scaled(progs, 2.0))
+    assert [r.dispatch_t for r in res.requests] == [r.dispatch_t for r in fcfs.requests]
+    assert [r.dispatch_t for r in default_las.requests] != [r.dispatch_t for r in fcfs.requests]
+    base = ["--scenario", "agentic", "--policies", "token-load+las", "--load", "1.0", "--limit", "4", "--quiet"]
+    for bad, named in (("lasWeightHeadWait=-1", "lasWeightHeadWait"), ("strategy=turn-priority", "strategy"),
+                       ("lasWeight", "NAME=VALUE"), ("halfLife=10", "halfLife")):
+        assert simulate_cli.main([*base, "--flow-param", bad]) == 2
+        assert named in capsys.readouterr().err
+    assert simulate_cli.main([*base, "--flow-param", "lasHalfLifeSeconds=10", "--seeds", "2", "--out",
+                              str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["flow_params"] == {"lasHalfLifeSeconds": 10}
+    assert "lasHalfLifeSeconds=10" in (tmp_path / "report.md").read_text()     # the run says what it tuned
+
+
+def test_jains_index_is_over_every_programs_mean_wait_including_programs_that_never_waited():
+    driver = AgenticDriver(programs(3, seed=0), SloClass(), SPEC)
+    for p, waits in zip(driver.progs.values(), ([1.0, 3.0], [4.0], [0.0, 0.0, 0.0])):
+        p.waits = waits                        # a rejected turn's wait is in here too (test above)
+    m = summarize_programs(driver)
+    assert m["jain_index"] == pytest.approx((2 + 4 + 0) ** 2 / (3 * (2 ** 2 + 4 ** 2 + 0)))   # 0.6: per-program means
+    assert m["queue_wait_mean_s"] == pytest.approx(8 / 6)                                   # per request

@@ -36,6 +36,7 @@ class RunOptions:
     opt_in_share: float | None = None      # predicted policies: share of requests opted in to prediction
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
     flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
+    flow_params: dict = field(default_factory=dict)     # program-aware-fairness parameters of their las/turn-priority
     extra: dict = field(default_factory=dict)
 
 
@@ -44,7 +45,8 @@ def make_router(policy: str, opts: RunOptions, n_servers: int):
 
     fc = flowsim.split(policy)
     if fc is not None:
-        return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s, opts.flow_detector)
+        return flowsim.make(policy, make_router(fc[0], opts, n_servers), opts.flow_ttl_s, opts.flow_detector,
+                             opts.flow_params)
     if is_pd_policy(policy):
         raise ValueError(f"{policy} runs on P/D pools: use run_one")
     if policy in NATIVE:

@@ -31,6 +31,7 @@ from epp_client.flowcontrol import (
     build_flow_control,
     make_detector,
 )
+from epp_client.flowcontrol.program_aware import STRATEGIES
 
 from .engine import DEFERRED
 from .request import SimRequest
@@ -189,12 +190,31 @@ class FlowSimRouter:
             close()
 
 
-def _policy(ordering: str, clock):
+def policy_params(params: dict | None) -> dict:
+    """Check ``program-aware-fairness`` parameters given for the ``+las`` / ``+turn-priority``
+    orderings (camelCase; ``strategy`` comes from the ordering); ConfigError names a bad one."""
+    params = dict(params or {})
+    if "strategy" in params:
+        raise ValueError("program-aware-fairness.strategy: set by the policy name's ordering (+las, "
+                         "+turn-priority), not by a parameter")
+    ProgramAwareFairness.from_config(params)
+    return params
+
+
+def params_note(params: dict | None) -> str:
+    """One line for reports: the program-aware-fairness parameters given (empty when none)."""
+    if not params:
+        return ""
+    return ("program-aware-fairness parameters of the +las and +turn-priority policies: "
+            + ", ".join(f"{k}={v}" for k, v in params.items()) + " (B4.5's defaults for the others)")
+
+
+def _policy(ordering: str, clock, params: dict | None = None):
     if ordering == "fcfs":
         return GlobalStrictFairness()
     if ordering == "round-robin":
         return RoundRobinFairness()
-    return ProgramAwareFairness(strategy=ordering, clock=clock)
+    return ProgramAwareFairness.from_config({**policy_params(params), "strategy": ordering}, clock=clock)
 
 
 def split(policy: str) -> tuple[str, str] | None:
@@ -207,19 +227,23 @@ def split(policy: str) -> tuple[str, str] | None:
     return BASE_ALIASES.get(base, base), ordering
 
 
-def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None) -> FlowSimRouter:
+def make(policy: str, inner, request_ttl_s: float = 60.0, detector: dict | None = None,
+         params: dict | None = None) -> FlowSimRouter:
     """``<router>+<ordering>``: flow control with one default band using that ordering;
     ``detector``: the saturation detector's ``type`` (default ``utilization-detector``) and
-    parameters (camelCase; llm-d's defaults otherwise)."""
+    parameters (camelCase; llm-d's defaults otherwise); ``params``: program-aware-fairness
+    parameters for the ``las`` and ``turn-priority`` orderings (B4.5's defaults otherwise;
+    the other orderings have none and ignore them)."""
     parts = split(policy)
     if parts is None:
         raise ValueError(f"{policy!r} is not a flow-control policy (<router>+<ordering>)")
     _, ordering = parts
     router = FlowSimRouter(inner, None, name=policy)
-    pol = _policy(ordering, router.now)
+    pol = _policy(ordering, router.now, params)
     router.flow = FlowControl(FlowController(BandConfig(pol), request_ttl_s=request_ttl_s, clock=router.now),
                               make_detector(detector))
-    router.description = (f"flow control ({ordering} across programs, request TTL {request_ttl_s:g} s, "
+    tuned = ", " + ", ".join(f"{k}={v}" for k, v in params.items()) if params and ordering in STRATEGIES else ""
+    router.description = (f"flow control ({ordering}{tuned} across programs, request TTL {request_ttl_s:g} s, "
                           f"llm-d {router.flow.detector.TYPE} {_params(detector) or 'with its defaults'}) "
                           "in front of: " + router.description)
     return router

@@ -91,9 +91,15 @@ def report(scenario_name: str, first_seed: int, n_seeds: int, agg: dict, note: s
 
 
 def write(out: Path, scenario_name: str, first_seed: int, n_seeds: int, per_seed: dict, agg: dict,
-          note: str | None = None) -> None:
+          note: str | None = None, flow_params: dict | None = None) -> None:
+    """results.json and report.md; ``note``: the native-load line; ``flow_params``: the
+    program-aware-fairness parameters given for the run (recorded in both files)."""
+    from .flowsim import params_note
+
     out.mkdir(parents=True, exist_ok=True)
     doc = {"scenario": scenario_name, "seeds": list(range(first_seed, first_seed + n_seeds)),
-           "aggregate": agg, "per_seed": per_seed, **({"native_load": note} if note else {})}
+           "aggregate": agg, "per_seed": per_seed, **({"native_load": note} if note else {}),
+           **({"flow_params": flow_params} if flow_params else {})}
     (out / "results.json").write_text(json.dumps(_clean(doc), indent=1))
-    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg, note, per_seed))
+    text = "\n".join(x for x in (note, params_note(flow_params)) if x) or None
+    (out / "report.md").write_text(report(scenario_name, first_seed, n_seeds, agg, text, per_seed))
