@@ -424,3 +424,20 @@ def test_max_float_constant():
     # the affinity gate's "+max" is the largest float, as upstream's math.MaxFloat64
     f = PrefixCacheAffinityFilter(ttft_source="latencyPredictor")
     assert f._ttft(ep("x")) == sys.float_info.max
+
+
+def test_latency_scorer_negative_selection_strategy():
+    """No busy endpoint meets the SLO: upstream's `least` takes the smallest deficit; `most`
+    the largest (in the same first non-empty deficit bucket), keeping a hopeless request off
+    the endpoints that can still serve others in time. Idle endpoints still come first."""
+    near = ep("near", pred=pred(-10, -5, dispatched=2))
+    far = ep("far", pred=pred(-400, -50, dispatched=2))
+    tpot_only = ep("tpot_only", pred=pred(10, -5, dispatched=2))
+    assert LatencyScorer().score(REQ, [near, far]) == {"near": 1.01, "far": 0.01}
+    most = LatencyScorer(negative_selection_strategy="most")
+    assert most.score(REQ, [near, far]) == {"near": 0.01, "far": 1.01}
+    assert most.score(REQ, [near, far, tpot_only]) == {"near": 0.0, "far": 0.0, "tpot_only": 0.51}  # bucket order kept
+    idle = ep("idle", pred=pred(-900, -90, dispatched=0))
+    assert most.score(REQ, [near, far, idle])["idle"] == 0.51
+    with pytest.raises(ConfigError, match="negativeSelectionStrategy"):
+        LatencyScorer.from_config({"negativeSelectionStrategy": "sink"})

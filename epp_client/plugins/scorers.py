@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..params import Plugin, gt, param, within
+from ..params import Plugin, gt, one_of, param, within
 from ..types import ConfigError, Endpoint, InferenceRequest, LatencyPrediction
 from .lora_history import LoraRequestHistory
 from .protocols import Scorer
@@ -63,6 +63,11 @@ class LatencyScorer(Plugin):
     # any value other than "most" acts as "least" (no validation upstream)
     headroom_selection_strategy: str = param("headroomSelectionStrategy", default="least",
                                              doc="`most`: prefer the largest headroom; anything else: the tightest fit")
+    negative_selection_strategy: str = param(
+        "negativeSelectionStrategy", default="least", check=one_of("least", "most"),
+        doc="no busy endpoint meets the SLO: `least` (upstream) prefers the smallest deficit in the first "
+            "non-empty deficit bucket, `most` the largest (keep hopeless requests off the endpoints that "
+            "can still serve others in time)")
     composite_kv_weight: float = param("compositeKVWeight", default=1.0, doc="fallback: weight of free KV cache")
     composite_queue_weight: float = param("compositeQueueWeight", default=1.0,
                                           doc="fallback: weight of the relative queue")
@@ -108,7 +113,7 @@ class LatencyScorer(Plugin):
                 ttft_only.append((e, p))
             else:
                 both.append((e, p))
-        self._score_bucket(tpot_only or ttft_only or both, False, scores)
+        self._score_bucket(tpot_only or ttft_only or both, self.negative_selection_strategy == "most", scores)
         return scores
 
     def _score_bucket(self, bucket: list[tuple[Endpoint, LatencyPrediction]], most: bool,
