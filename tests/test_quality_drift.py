@@ -202,16 +202,22 @@ def test_without_live_pairs_a_retrain_keeps_its_own_conformal_calibration(parts,
         assert m["calibration"][t]["offset_ms"] == pytest.approx(results[-1].calibration[t]["offset_ms"])
 
 
+def _first_model_and_its_predictions(parts):
+    """Publish the first learned model on 2,500 rows; (its version, its predictions per target
+    on the next 200 rows)."""
+    store, registry, worker = parts
+    store.submit(entries_to_rows(PARSED[:2500])).result(10)
+    assert worker.run_once().outcome == "published"
+    raw = np.array([e.raw for e in PARSED[2500:2700]])
+    return registry.served.version, dict(zip(("ttft", "tpot"), registry.served.predict(raw)))
+
+
 def test_pairs_predicted_before_a_correction_are_judged_with_it(parts):
     """A pair reaches the correction seconds after its prediction; if the factor was raised in
     between, the pair is judged as the raised factor would have predicted it, not as a second
     request for the same raise."""
     store, registry, worker = parts
-    store.submit(entries_to_rows(PARSED[:2500])).result(10)
-    assert worker.run_once().outcome == "published"
-    v1 = registry.served.version
-    raw = np.array([e.raw for e in PARSED[2500:2700]])
-    pred = dict(zip(("ttft", "tpot"), registry.served.predict(raw)))
+    v1, pred = _first_model_and_its_predictions(parts)
 
     def pairs(version):  # every actual 10% above what v1 predicted: misses at v1's factor
         return {t: [(1.1 * p, p, version) for p in pred[t].tolist() if p > 0] for t in pred}
@@ -235,11 +241,7 @@ def test_the_live_correction_keeps_running_while_a_retrain_trains(parts):
     """A retrain takes seconds; live pairs that arrive meanwhile are corrected for during it,
     not after it (the level would lag a steady drift by a whole retrain)."""
     store, registry, worker = parts
-    store.submit(entries_to_rows(PARSED[:2500])).result(10)
-    assert worker.run_once().outcome == "published"
-    first = registry.served.version
-    raw = np.array([e.raw for e in PARSED[2500:2700]])
-    pred = dict(zip(("ttft", "tpot"), registry.served.predict(raw)))
+    first, pred = _first_model_and_its_predictions(parts)
     served_after_training = []
 
     def phase(name):
