@@ -7,8 +7,8 @@ units): up on a miss, down on a hit, so that misses settle at 1 - quantile. Each
 judged as if predicted with the factor of the moment: the correction remembers the level
 (log live factor) of every version it served lately, so a pair predicted before the last
 correction reached the prediction servers is rescaled by what changed since, instead of
-asking for that correction again (the loop spans a retrain, seconds, and overshot without it). When the factor
-has moved more than ``ACI_REPUBLISH`` since it was last published, the retrain worker
+asking for that correction again (the loop spans seconds, and overshot without it). When
+the factor has moved more than ``ACI_REPUBLISH`` since it was last published, the worker
 republishes the served models at once with their calibration scaled by the change
 (:meth:`LiveCorrection.recalibrated_manifest`): no training, a new version the prediction
 servers pick up at their next poll. A drift the features cannot see (e.g. slower GPUs) is

@@ -135,7 +135,6 @@ class RetrainWorker:
         #: live pairs from ingestion: the served bundle's live error and the correction's input
         self.feedback = LiveFeedback(config.quantile)
         self.correction = LiveCorrection(clock)
-        self.clock = clock
         self._recalibrated_at = -float("inf")  # on ``clock``
         self.correction.sync(served.manifest if served.source == "learned" else None,
                              served.version if served.source == "learned" else None)
@@ -239,7 +238,7 @@ class RetrainWorker:
         return np.where(np.asarray(ids) > d, RECENT_WEIGHT, 1.0)
 
     def _recalibrate_safely(self) -> CycleReport | None:
-        self._recalibrated_at = self.clock()
+        self._recalibrated_at = self.correction.clock()
         try:
             return self.recalibrate()
         except Exception as e:  # never let the correction kill the loop
@@ -254,7 +253,7 @@ class RetrainWorker:
         windows of 10 s fell to 8% coverage)."""
         if self._stop.is_set():
             return True
-        if self.clock() - self._recalibrated_at >= self.interval:
+        if self.correction.clock() - self._recalibrated_at >= self.interval:
             self._recalibrate_safely()
         return False
 
