@@ -66,15 +66,15 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 
 #: The recommended predicted-latency profile (``predicted-latency-recommended``). For now the
 #: best-measured wiring: predicted-latency-slo with the latency scorer preferring the MOST
-#: headroom and the max-score picker instead of the weighted-random one, i.e. spread load
-#: rather than pack requests next to their SLO edge; and, when no busy endpoint can meet a
-#: request's SLO, the LARGEST deficit (``negativeSelectionStrategy: most``): without it the
-#: most-headroom wiring collapsed under overload (``standard`` at 100% load, seed 0: 21.2%
-#: SLO attainment, 54.1% with it; at 80%: 89.4% and 89.1%; docs/evaluation.md §4).
+#: headroom, TTFT and TPOT headroom weighted equally, and the max-score picker instead of the
+#: weighted-random one, i.e. spread load rather than pack requests next to their SLO edge.
+#: With upstream's weights (0.8 / 0.2) the most-headroom wiring collapsed under overload
+#: (``standard`` at 100% load, seed 0: 21.2% SLO attainment, 42.0% with equal weights; at
+#: 80%: 89.4% and 88.3%; token-load 87.8% / 49.5%; docs/evaluation.md §4).
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: latency-scorer\n  parameters:\n    headroomSelectionStrategy: most\n"
-             "    negativeSelectionStrategy: most\n")
+             "    ttftWeight: 0.5\n    tpotWeight: 0.5\n")
     .replace("weighted-random-picker", "max-score-picker")
 )
 
