@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from .plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from .scheduler import default_profile
 from .types import ConfigError
 
 #: B2.8: the Helm chart's wiring with router.latencyPredictor.enabled=true.
@@ -84,11 +85,6 @@ WELL_KNOWN_CONFIGS: dict[str, str] = {
     "predicted-latency-recommended": RECOMMENDED_CONFIG,
 }
 
-#: llm-d's default profile (queue 2, KV cache 2, prefix 3, max-score picker): the heuristic
-#: profile of an opt-in config
-_HEURISTIC_PLUGINS = (("heuristic-queue-scorer", "queue-scorer", 2), ("heuristic-kv-cache-scorer",
-                      "kv-cache-utilization-scorer", 2), ("heuristic-prefix-cache-scorer", "prefix-cache-scorer", 3))
-_HEURISTIC_PICKER = "heuristic-max-score-picker"
 
 
 def config_text(name_or_path: str) -> str:
@@ -117,12 +113,16 @@ def with_opt_in(config: str | Mapping, *, prediction_for_all: bool = False,
     if not isinstance(profiles, list) or len(profiles) != 1 or not isinstance(profiles[0], Mapping):
         raise ConfigError("schedulingProfiles", "an opt-in config is made from a config with exactly one profile")
     predicted = dict(profiles[0], name="predicted")
-    plugins += [{"name": name, "type": ptype} for name, ptype, _ in _HEURISTIC_PLUGINS]
-    plugins.append({"name": _HEURISTIC_PICKER, "type": "max-score-picker"})
+    # the heuristic profile: llm-d's default one (epp_client.scheduler.default_profile)
+    default = default_profile()
+    scorers = [(f"heuristic-{type(sc).TYPE}", type(sc).TYPE, w) for sc, w in default.scorers]
+    picker = f"heuristic-{type(default.picker).TYPE}"
+    plugins += [{"name": name, "type": ptype} for name, ptype, _ in scorers]
+    plugins.append({"name": picker, "type": type(default.picker).TYPE})
     plugins.append({"type": OPT_IN_HANDLER, "parameters": {"predictionForAll": prediction_for_all,
                                                            "heuristicWhileWarmingUp": heuristic_while_warming_up}})
-    refs = [{"pluginRef": name, "weight": w} for name, _, w in _HEURISTIC_PLUGINS]
-    heuristic = {"name": "default", "plugins": [*refs, {"pluginRef": _HEURISTIC_PICKER}]}
+    refs = [{"pluginRef": name, "weight": w} for name, _, w in scorers]
+    heuristic = {"name": "default", "plugins": [*refs, {"pluginRef": picker}]}
     cfg["plugins"] = plugins
     cfg["schedulingProfiles"] = [predicted, heuristic]
     return yaml.safe_dump(cfg, sort_keys=False)
