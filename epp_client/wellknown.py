@@ -67,15 +67,20 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 
 #: The recommended predicted-latency profile (``predicted-latency-recommended``). For now the
 #: best-measured wiring: predicted-latency-slo with the latency scorer preferring the MOST
-#: headroom, TTFT and TPOT headroom weighted equally, and the max-score picker instead of the
-#: weighted-random one, i.e. spread load rather than pack requests next to their SLO edge.
-#: With upstream's weights (0.8 / 0.2) the most-headroom wiring collapsed under overload
-#: (``standard`` at 100% load, seed 0: 21.2% SLO attainment, 42.0% with equal weights; at
-#: 80%: 89.4% and 88.3%; token-load 87.8% / 49.5%; docs/evaluation.md §4).
+#: headroom, TTFT and TPOT headroom weighted equally, the max-score picker instead of the
+#: weighted-random one (spread load rather than pack requests next to their SLO edge), and
+#: llm-d's kv-cache-utilization-scorer beside the latency scorer at weight 1: the models see KV
+#: use but not the preemption cliff a full cache falls off, so without it the most-headroom
+#: choice piled KV onto a few servers under overload (``standard`` at 100% load, seed 0:
+#: 895 preemptions, 42.0% SLO attainment; with it 68 and 57.7%, the best heuristic 52.3%; at
+#: 80%: 91.9% against 88.3% and token-load's 88.0%; docs/evaluation.md §4).
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: latency-scorer\n  parameters:\n    headroomSelectionStrategy: most\n"
-             "    ttftWeight: 0.5\n    tpotWeight: 0.5\n")
+             "    ttftWeight: 0.5\n    tpotWeight: 0.5\n- type: kv-cache-utilization-scorer\n")
+    .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
+             "  - pluginRef: latency-scorer\n    weight: 1\n"
+             "  - pluginRef: kv-cache-utilization-scorer\n    weight: 1\n")
     .replace("weighted-random-picker", "max-score-picker")
 )
 
