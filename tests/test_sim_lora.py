@@ -193,3 +193,21 @@ def test_adapters_load_in_batch_order():
         srv.add(_req(i, 100, 2, a), 0.0)
     assert srv.plan_step(0.0) > 0
     assert list(srv.adapters.resident) == ["d", "a", "c", "b"] and srv.adapters.loads == 4
+
+
+def test_predicted_lora_history_is_the_recommended_profile_plus_the_history_scorer():
+    from epp_client.plugins import KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer
+    from epp_client.scheduler import Scheduler
+    from epp_client.wellknown import RECOMMENDED_CONFIG
+    from load.sim.epp_routers import PREDICTED_CONFIGS, PREDICTED_LORA_HISTORY_CONFIG
+
+    assert PREDICTED_CONFIGS["predicted-lora-history"][0] == PREDICTED_LORA_HISTORY_CONFIG
+    (rec,) = Scheduler.from_config(RECOMMENDED_CONFIG).profiles
+    (prof,) = Scheduler.from_config(PREDICTED_LORA_HISTORY_CONFIG).profiles
+    kinds = {type(sc): w for sc, w in prof.scorers}
+    assert kinds == {LatencyScorer: 1.0, LoraAffinityScorer: 2.0, KVCacheUtilizationScorer: 1.0}
+    lora = next(sc for sc, _ in prof.scorers if isinstance(sc, LoraAffinityScorer))
+    assert lora.request_history
+    # everything else is the recommended profile's
+    assert [type(f) for f in prof.filters] == [type(f) for f in rec.filters]
+    assert type(prof.picker) is type(rec.picker)

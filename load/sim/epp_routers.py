@@ -27,13 +27,14 @@ from .driver import LifecycleRouter
 __all__ = ["make", "PREDICTED_LORA_HISTORY_CONFIG"]
 #: Weight of lora-affinity-scorer next to the default profile's queue 2 / KV 2 / prefix 3.
 LORA_WEIGHT = 2.0
-#: The well-known predicted-latency-slo config plus lora-affinity-scorer with request history.
+#: The recommended predicted-latency profile plus lora-affinity-scorer with request history
+#: (weight 2 next to the latency and KV scorers' 1; docs/multi-lora.md §3).
 PREDICTED_LORA_HISTORY_CONFIG = (
-    PREDICTED_LATENCY_SLO_CONFIG
-    .replace("- type: latency-scorer\n", "- type: latency-scorer\n- type: lora-affinity-scorer\n"
-             "  parameters:\n    requestHistory: true\n", 1)
+    RECOMMENDED_CONFIG
+    .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n  parameters:\n    requestHistory: true\n"
+             "- type: latency-scorer\n", 1)
     .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
-             "  - pluginRef: latency-scorer\n    weight: 1\n  - pluginRef: lora-affinity-scorer\n    weight: 1\n", 1)
+             "  - pluginRef: latency-scorer\n    weight: 1\n  - pluginRef: lora-affinity-scorer\n    weight: 2\n", 1)
 )
 _SLO_WIRING = ("streaming producer, affinity filters, SLO tier filter, latency scorer preferring the least headroom, "
                "weighted-random picker")
@@ -46,9 +47,8 @@ PREDICTED_CONFIGS = {
                                                      f"predicted-latency-slo ({_SLO_WIRING})"),
     "predicted-upstream": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
                                                          f"predicted-latency-slo ({_SLO_WIRING})"),
-    "predicted-lora-history": (PREDICTED_LORA_HISTORY_CONFIG, f"predicted latency, llm-d's well-known config "
-                                                              f"predicted-latency-slo ({_SLO_WIRING}) plus "
-                                                              "lora-affinity-scorer (requestHistory: true, weight 1)"),
+    "predicted-lora-history": (PREDICTED_LORA_HISTORY_CONFIG, "predicted latency, the recommended profile plus "
+                                                              "lora-affinity-scorer (requestHistory: true, weight 2)"),
 }
 
 
