@@ -1,0 +1,52 @@
+"""The drift step of the forward calibration (training_server.target_fit.drift_factor): a
+conformal factor that grew across the newest calibration rows is carried forward to the rows
+the served model answers next; steady or falling factors are left alone."""
+from __future__ import annotations
+
+import numpy as np
+
+from training_server import target_fit
+from training_server.calibration import conformal_offset
+from training_server.trainer import TrainConfig, loaded_bundle, train_models
+
+from test_training_trainer import _linear_ramp
+
+
+def test_drift_factor_rises_only_when_the_newer_half_needs_more():
+    rng = np.random.default_rng(0)
+    pred = np.full(400, 100.0)
+    ratio = rng.uniform(0.5, 1.0, 400)
+    old, new = ratio[:200], ratio[200:] * 1.5       # the newer half misses by 1.5x more
+    grown = np.concatenate([old, new])
+    k = target_fit.drift_factor(grown * pred, pred, 0.9, 0.5)
+    expected = (conformal_offset(new, 0.9) / conformal_offset(old, 0.9)) ** 0.5
+    assert k > 1.1 and np.isclose(k, expected)
+    assert np.isclose(target_fit.drift_factor(grown * pred, pred, 0.9, 1.0), expected ** 2)
+    # steady (the same errors in both halves), shrinking, switched off, too few rows: no step
+    same = np.concatenate([old, old])
+    assert target_fit.drift_factor(same * pred, pred, 0.9, 0.5) == 1.0
+    assert target_fit.drift_factor(grown[::-1] * pred, pred, 0.9, 0.5) == 1.0
+    assert target_fit.drift_factor(grown * pred, pred, 0.9, 0.0) == 1.0
+    assert target_fit.drift_factor(np.array([2.0]), np.array([1.0]), 0.9, 0.5) == 1.0
+
+
+def test_servers_slowing_down_past_the_calibration_rows_are_covered_closer_to_the_quantile(monkeypatch):
+    """TTFT grows with a slowdown the features do not show (1x -> 2.2x over the rows). Trained on
+    the first 1,500 rows, the model answers the next 300; with the drift step its TTFT factor is
+    larger and its coverage there closer to 90% (here 9% -> 24%: the slowdown outruns any
+    calibration, the step only follows it part of the way)."""
+    n, ahead = 1500, 300
+    raw, ttft, tpot = _linear_ramp(n + ahead, seed=11)
+    ttft = ttft * np.linspace(1.0, 2.2, n + ahead)
+    cfg = TrainConfig(auto_links={"ttft": ("add",), "tpot": ("add",)})
+    cover = {}
+    scale = {}
+    for exponent in (0.0, 0.5):
+        monkeypatch.setitem(target_fit.DRIFT_EXPONENT, "ttft", exponent)
+        res = train_models(raw[:n], ttft[:n], tpot[:n], config=cfg)
+        pred = loaded_bundle(res).predict(raw[n:])[0]
+        cover[exponent] = float(np.mean(ttft[n:] <= pred))
+        scale[exponent] = res.calibration["ttft"]["scale"]
+    assert scale[0.5] > scale[0.0] * 1.02
+    assert cover[0.0] < cover[0.5] <= 1.0
+    assert abs(cover[0.5] - 0.9) < abs(cover[0.0] - 0.9)
