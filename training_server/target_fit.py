@@ -50,7 +50,7 @@ from features.matrix import model_matrix, regimes
 from features.prior import LinearBase, base_level, upper_values, with_base
 from features.scoring import pinball_loss
 
-from .calibration import conformal_offset, conformal_scale_spec, conformal_spec
+from .calibration import conformal_offset, conformal_scale_spec, conformal_spec, scale_spec
 
 #: fewest calibration rows for the forward calibration (newest rows, multiplicative); fewer:
 #: a random share and an offset in ms
@@ -79,14 +79,6 @@ def drift_factor(actual: np.ndarray, predicted: np.ndarray, quantile: float, exp
     f_old = conformal_offset(a[:h] / p[:h], quantile)
     f_new = conformal_offset(a[h:] / p[h:], quantile)
     return float((f_new / f_old) ** exponent) if 0 < f_old < f_new else 1.0
-
-
-def _scaled(spec: dict, k: float) -> dict:
-    """``k`` x a multiplicative calibration spec (globally and per regime)."""
-    out = {**spec, "scale": float(spec["scale"]) * k}
-    if spec.get("by_regime"):
-        out["by_regime"] = {n: {**r, "scale": float(r["scale"]) * k} for n, r in spec["by_regime"].items()}
-    return out
 
 
 #: the ratio link's floor on the base, as a share of the median latency it was fitted on
@@ -205,8 +197,8 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         if multiplicative:
             calib = conformal_scale_spec(target, y[cal], pred, reg, cfg.quantile, weights=wc)
             k_drift = drift_factor(y[cal], pred, cfg.quantile, DRIFT_EXPONENT.get(target, 0.0))
-            if k_drift != 1.0:
-                calib = _scaled(calib, k_drift)
+            if k_drift != 1.0:  # part of the trained calibration, not a live correction
+                calib = {k: v for k, v in scale_spec(calib, k_drift).items() if k != "live_factor"}
         else:
             calib = conformal_spec(target, y[cal] - pred, reg, cfg.quantile, weights=wc)
         applied = Calibration.from_spec(TargetCalibration.from_json(calib)).apply(pred, r[cal])
