@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from load.ports import free_port
+from load.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = Path("/tmp/traces/sim-sessions.jsonl")
@@ -101,7 +101,8 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
 
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="prequential-"))
-    tport, pport = free_port(), free_port()
+    tport = free_ports(2)
+    pport = tport + 1
     tenv = {"LATENCY_LOG_LEVEL": "info", "LATENCY_RETRAINING_INTERVAL_SEC": str(retrain_interval),
             "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100", "LATENCY_QUANTILE_ALPHA": str(quantile),
             "OMP_NUM_THREADS": "1"}

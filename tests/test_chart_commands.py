@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from load.ports import free_port
+from load.ports import free_ports
 from conftest import stop_server, wait_http
 from helm_support import CHART, REPO, argv, by_kind, one, pod_spec, render
 from latency_cli.up import build_children
@@ -138,7 +138,8 @@ def test_rendered_standalone_commands_start_the_servers(standalone, tmp_path):
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("LATENCY_") and k not in ("TRAINING_SERVER_URL", "MODEL_SYNC_INTERVAL_SEC")}
     tc, pc = _container(standalone, "training"), _container(standalone, "prediction")
-    tport, pport = free_port(), free_port()
+    tport = free_ports(2)
+    pport = tport + 1
     train_url, pred_url = f"http://127.0.0.1:{tport}", f"http://127.0.0.1:{pport}"
     procs = []
     try:
@@ -168,36 +169,13 @@ def test_rendered_standalone_commands_start_the_servers(standalone, tmp_path):
         assert p.returncode is not None
 
 
-def _consecutive_free_ports(n: int) -> int:
-    """A base port b with b..b+n-1 all free on loopback right now."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
-
-
 def test_rendered_sidecars_start_and_the_epp_urls_and_probes_work(tmp_path):
     """The example EPP pod's sidecar containers, run as real processes with their rendered
     commands and environments: every URL the EPP gets answers, and the in-container exec
     probes succeed against them."""
     from helm_support import sidecar_chart
 
-    base_port = _consecutive_free_ports(4)
+    base_port = free_ports(4)
     objs = render(sidecar_chart(tmp_path), {"latencyPredictor": {
         "training": {"port": base_port, "dataDir": str(tmp_path / "data")},
         "predictionServers": {"count": 3, "startPort": base_port + 1}}})

@@ -18,6 +18,7 @@ from gateway.core import Gateway
 from gateway.routing import build_scheduler
 from gateway.settings import GatewaySettings
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
+from load.ports import free_ports
 
 ADMITTER_CONFIG = PREDICTED_LATENCY_SLO_CONFIG  # includes latency-slo-admitter
 
@@ -43,7 +44,8 @@ def _spawn(args: list[str], port: int, tmp: Path, name: str) -> subprocess.Popen
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("servers")
-    tport, pport = free_port(), free_port()
+    tport = free_ports(2)
+    pport = tport + 1
     train = _spawn(["training_server", "--port", str(tport), "--data-dir", str(tmp / "data")], tport, tmp, "training")
     # no bundle source: the prediction server answers with the built-in prior at once
     pred = _spawn(["prediction_server", "--port", str(pport), "--training-server-url", ""], pport, tmp, "prediction")

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from load.ports import free_port
+from load.ports import free_port, free_ports
 from conftest import SHAREGPT, load_jsonl, start_server, stop_server, wait_http
 
 PRED_KEYS = {"ttft_ms": float, "tpot_ms": float, "ttft_uncertainty": float, "tpot_uncertainty": float,
@@ -47,7 +47,8 @@ def go_entry(i: int) -> dict:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     data = tmp_path_factory.mktemp("pair")
-    tport, pport = free_port(), free_port()
+    tport = free_ports(2)
+    pport = tport + 1
     turl, purl = f"http://127.0.0.1:{tport}", f"http://127.0.0.1:{pport}"
     env = {"LATENCY_RETRAINING_INTERVAL_SEC": "1", "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "100",
            "MODEL_SYNC_INTERVAL_SEC": "1"}

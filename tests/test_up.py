@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from load.ports import free_port
+from load.ports import free_ports
 from conftest import REPO
 from latency_cli.up import build_children, parse_args
 
@@ -82,9 +82,9 @@ def test_data_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
-    # the ports come from the servers' own variables (no --port flag); each base port
-    # is taken to have a free port after it
-    port, pport = free_port(), free_port()
+    # the ports come from the servers' own variables (no --port flag)
+    port = free_ports(3)
+    pport = port + 1
     env = dict(os.environ, LATENCY_TRAINING_PORT=str(port), LATENCY_PREDICTION_PORT=str(pport))
     proc = subprocess.Popen([sys.executable, "-m", "latency_cli.main", "up",
                              "--prediction-servers", "2", "--data-dir", str(tmp_path / "data")],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from load.ports import free_port
+from load.ports import free_port, free_ports
 
 from .build import build_llama_server, install_model
 from .driver import Result, drive, fetch_records
@@ -83,7 +83,8 @@ def run(opts: Options) -> dict:
     env = {"OMP_NUM_THREADS": "1", "LATENCY_LOG_LEVEL": "warning", "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "40",
            "LATENCY_RETRAINING_INTERVAL_SEC": "2"}
     try:
-        tport, pport = free_port(), free_port()
+        tport = free_ports(2)
+        pport = tport + 1
         train = Proc("training-server", [py, "-m", "training_server", "--port", str(tport), "--data-dir",
                                          str(data_dir)], logs, env)
         procs.append(train)
