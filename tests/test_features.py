@@ -144,6 +144,51 @@ def test_linear_quantile_min_rise_without_sign_constraint():
     assert coef[0] >= floor - 1e-9 and (coef >= 0).all()
 
 
+def _primal_pinball(x, y, q, w, lower):
+    """The optimal pinball loss by the textbook primal LP (one equality per row): the reference
+    the fast dual formulation must reach."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix, hstack, identity
+
+    n, p = x.shape
+    a = hstack([csr_matrix(np.c_[x, np.ones(n)]), identity(n, format="csr"), -identity(n, format="csr")], format="csr")
+    cost = np.r_[np.zeros(p + 1), q * w, (1 - q) * w]
+    bounds = [(None if not np.isfinite(v) else v, None) for v in lower] + [(0, None)] * (2 * n)
+    res = linprog(cost, A_eq=a, b_eq=y, bounds=bounds, method="highs")
+    assert res.status == 0
+    return res.fun
+
+
+@pytest.mark.parametrize("non_negative", [True, False])
+@pytest.mark.parametrize("q", [0.5, 0.9])
+def test_linear_quantile_reaches_the_primal_optimum(non_negative, q):
+    """The dual solve finds the exact optimum: its pinball loss equals the primal LP's, with the
+    sign constraints and slope floors (including binding ones) respected, weighted or not."""
+    rng = np.random.default_rng(3)
+    n = 300
+    x = rng.gamma(2.0, 1.0, (n, 4)) * np.array([1000.0, 3.0, 20.0, 0.5])
+    y = 20 + x @ np.array([0.1, -4.0, 2.0, 0.0]) + rng.exponential(50, n)
+    w = rng.uniform(0.5, 2.0, n)
+    rise = np.array([0.0, 0.0, 0.0, 30.0])  # column 3 has no effect: its floor binds
+    for weights in (None, w):
+        ww = np.ones(n) if weights is None else weights
+        intercept, coef = fit_linear_quantile(x, y, q, ww if weights is not None else None, non_negative, rise)
+        floors = rise / np.abs(x).max(axis=0)
+        assert coef[3] == pytest.approx(floors[3], rel=1e-6)
+        if non_negative:
+            assert intercept >= 0 and (coef >= 0).all() and coef[1] == pytest.approx(0, abs=1e-9)
+        lo = 0.0 if non_negative else -np.inf
+        lower = np.r_[np.where(floors > 0, floors, lo), lo]
+        r = y - intercept - x @ coef
+        ours = float(np.sum(ww * np.where(r > 0, q * r, (q - 1) * r)))
+        assert ours == pytest.approx(_primal_pinball(x, y, q, ww, lower), rel=1e-6)
+
+
+def test_linear_quantile_without_rows_returns_the_bounds():
+    intercept, coef = fit_linear_quantile(np.zeros((0, 2)), np.zeros(0), 0.9)
+    assert intercept == 0.0 and list(coef) == [0.0, 0.0]
+
+
 def _manifest(seq: int, models: dict | None = None) -> dict:
     return {"version": make_version(seq), "schema_version": 1, "features": schema_description(),
             "model_kind": "prior" if not models else "xgboost", "objective": "quantile", "quantile": 0.9,
