@@ -164,6 +164,24 @@ def _check(path: str, value: Any, lo: float, hi: float) -> float:
     return float(value)
 
 
+def validate_calibration(target: str, spec: Any) -> None:
+    """One target's calibration as a manifest must hold it: scales in SCALE_RANGE, offsets
+    within +-MAX_ABS_MS, globally and per regime (BundleError naming the key)."""
+    if target not in TARGETS or not isinstance(spec, Mapping):
+        raise BundleError(f"manifest.calibration.{target} is not a target's calibration object")
+    entries = [(f"calibration.{target}", spec)]
+    by = spec.get("by_regime") or {}
+    if not isinstance(by, Mapping):
+        raise BundleError(f"manifest.calibration.{target}.by_regime must be an object")
+    for regime, r in by.items():
+        if regime not in REGIME_NAMES or not isinstance(r, Mapping):
+            raise BundleError(f"manifest.calibration.{target}.by_regime.{regime}: not one of {REGIME_NAMES}")
+        entries.append((f"calibration.{target}.by_regime.{regime}", r))
+    for path, e in entries:
+        _check(f"{path}.scale", e.get("scale", 1.0), *SCALE_RANGE)
+        _check(f"{path}.offset_ms", e.get("offset_ms", 0.0), -MAX_ABS_MS, MAX_ABS_MS)
+
+
 def validate_numbers(m: Mapping) -> None:
     """Every number anywhere in the manifest is finite; the ones the hot path uses are in
     range: calibration scales in SCALE_RANGE and offsets within +-MAX_ABS_MS (globally and
@@ -183,19 +201,7 @@ def validate_numbers(m: Mapping) -> None:
     if not isinstance(cal, Mapping):
         raise BundleError("manifest.calibration must be an object")
     for target, spec in cal.items():
-        if target not in TARGETS or not isinstance(spec, Mapping):
-            raise BundleError(f"manifest.calibration.{target} is not a target's calibration object")
-        entries = [(f"calibration.{target}", spec)]
-        by = spec.get("by_regime") or {}
-        if not isinstance(by, Mapping):
-            raise BundleError(f"manifest.calibration.{target}.by_regime must be an object")
-        for regime, r in by.items():
-            if regime not in REGIME_NAMES or not isinstance(r, Mapping):
-                raise BundleError(f"manifest.calibration.{target}.by_regime.{regime}: not one of {REGIME_NAMES}")
-            entries.append((f"calibration.{target}.by_regime.{regime}", r))
-        for path, e in entries:
-            _check(f"{path}.scale", e.get("scale", 1.0), *SCALE_RANGE)
-            _check(f"{path}.offset_ms", e.get("offset_ms", 0.0), -MAX_ABS_MS, MAX_ABS_MS)
+        validate_calibration(target, spec)
     metrics = m.get("metrics") or {}
     if not isinstance(metrics, Mapping):
         raise BundleError("manifest.metrics must be an object")

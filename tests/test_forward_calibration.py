@@ -50,3 +50,35 @@ def test_servers_slowing_down_past_the_calibration_rows_are_covered_closer_to_th
     assert scale[0.5] > scale[0.0] * 1.02
     assert cover[0.0] < cover[0.5] <= 1.0
     assert abs(cover[0.5] - 0.9) < abs(cover[0.0] - 0.9)
+
+
+def test_a_collapsed_tree_candidate_never_ships_a_calibration_no_manifest_accepts():
+    """Trees answering ~0 ms on the calibration rows need a conformal factor in the millions,
+    which no manifest accepts (seen in the simulator: scale 6.5e6, a failed retrain cycle).
+    Such a candidate is not eligible: the base alone stands in, and the bundle loads."""
+    from features.bundle import SCALE_RANGE, make_version
+    from features.matrix import FEATURES, model_matrix
+    from training_server.trainer import fit_prior
+
+    raw, ttft, _ = _linear_ramp()
+    names = tuple(FEATURES["ttft"])
+    # the links where the trees' output is the answer within the range seen (``add`` would
+    # answer with the base plus ~0, which is fine)
+    cfg = TrainConfig(auto_links={"ttft": ("beyond", "ratio"), "tpot": ("add", "ratio")})
+
+    def collapsed(x, y, w, scale):  # failure injection: a model that answers 1 microsecond
+        return b"", lambda xs: np.full(len(xs), 1e-6)
+
+    prior = fit_prior(raw, ttft, "ttft", cfg.quantile)
+
+    def fit_base(r, y, w):
+        return fit_prior(r, y, "ttft", cfg.quantile, weights=w)
+
+    model, base, calib = target_fit.fit_target(cfg, collapsed, raw, model_matrix(raw, "ttft", names), ttft, None,
+                                               names, "ttft", prior, fit_base)
+    assert model is None and base is not None and base["link"] == "add"  # the base alone
+    assert SCALE_RANGE[0] <= calib["scale"] <= SCALE_RANGE[1]
+    # without the range check the collapsed trees' factor would have been far out of range
+    assert conformal_offset(ttft[-400:] / 1e-6, cfg.quantile) > SCALE_RANGE[1]
+    res = train_models(raw, ttft, ttft * 0, config=TrainConfig())  # the real path still trains and loads
+    assert loaded_bundle(res, make_version(1)).has_model("ttft")

@@ -92,6 +92,64 @@ def test_a_target_whose_model_is_worse_keeps_the_served_model(parts, monkeypatch
     assert after["models"]["tpot"]["sha256"] != before["models"]["tpot"]["sha256"]  # the new one
 
 
+def test_a_candidate_that_cannot_be_served_is_rejected_with_its_reason(parts, monkeypatch):
+    """Trees that answer an idle server with a latency <= 0 (seen with the upstream recipe on
+    overload-only data) fail the bundle's smoke test: the cycle is a rejection naming the
+    target, not a failure with a traceback, and the served bundle stays."""
+    store, registry, worker = parts
+    store.submit(rows(ENTRIES[:3000])).result(10)
+    assert worker.run_once().outcome == "published"
+    before = registry.served.version
+    real = trainer_mod.train_models
+
+    def negative(*args, **kw):  # failure injection: TTFT trees shifted far below zero
+        import xgboost as xgb
+
+        good = real(*args, **kw)
+        booster = xgb.Booster()
+        booster.load_model(bytearray(good.models["ttft"]))
+        booster.set_param({"base_score": -1e7})
+        good.models["ttft"] = bytes(booster.save_raw("ubj"))
+        return good
+
+    monkeypatch.setattr(trainer_mod, "train_models", negative)
+    store.submit(rows(ENTRIES[3000:])).result(10)
+    report = worker.run_once()
+    assert report.outcome == "rejected" and "not servable" in report.reason and "ttft" in report.reason, report.reason
+    assert worker.failures == 0 and registry.served.version == before
+
+
+def test_base_links_are_chosen_every_few_trainings_and_reused_between(parts, monkeypatch):
+    """A full choice among TrainConfig.auto_links (one tree fit per link) every
+    LINK_CHOICE_EVERY trainings; in between each target fits only the link chosen last."""
+    from training_server.worker import LINK_CHOICE_EVERY
+
+    store, registry, worker = parts
+    real = trainer_mod.train_models
+    seen: list[tuple[dict, dict]] = []
+
+    def observed(*args, **kw):  # records what each training was asked to fit, and what it chose
+        result = real(*args, **kw)
+        seen.append(({t: tuple(v) for t, v in kw["config"].auto_links.items()},
+                     {t: b["link"] for t, b in result.base.items() if t in result.models}))
+        return result
+
+    monkeypatch.setattr(trainer_mod, "train_models", observed)
+    worker.tolerance = 10.0  # every candidate is published: this test is about what gets fitted
+    full = {t: tuple(v) for t, v in worker.config.auto_links.items()}
+    chunk = 400
+    for i in range(LINK_CHOICE_EVERY + 1):
+        store.submit(rows(ENTRIES[i * chunk:(i + 1) * chunk])).result(10)
+        assert worker.run_once().outcome in ("published", "rejected")
+    assert len(seen) == LINK_CHOICE_EVERY + 1
+    asked, chosen = seen[0]
+    assert asked == full and chosen  # the first training chooses among every link
+    for asked_next, _ in seen[1:LINK_CHOICE_EVERY]:
+        for t, link in chosen.items():  # then reuses its choice
+            assert asked_next[t] == (link,)
+    assert seen[LINK_CHOICE_EVERY][0] == full  # and chooses again
+
+
 def test_worse_candidate_is_not_published_and_no_retrain_without_data(parts, tmp_path):
     store, registry, worker = parts
     assert worker.run_once().outcome == "skipped"  # empty store

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from features.bundle import BundleError, validate_calibration
 from features.loaded import Calibration, probe_rows
 from features.manifest import TargetCalibration
 from features.matrix import model_matrix, regimes
@@ -124,7 +125,14 @@ BaseFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], dict]
 def _positive_on_probe(predict: Callable[[np.ndarray], np.ndarray], calib: dict | None, target: str,
                        names: tuple[str, ...]) -> bool:
     """The candidate answers the rows a bundle must answer before it is served
-    (:func:`features.loaded.probe_rows`) with finite, positive latencies."""
+    (:func:`features.loaded.probe_rows`) with finite, positive latencies, and its calibration
+    is one a manifest accepts (a conformal factor within ``features.bundle.SCALE_RANGE``: trees
+    answering ~0 on the calibration rows make it explode)."""
+    if calib is not None:
+        try:
+            validate_calibration(target, calib)
+        except BundleError:
+            return False
     probe = probe_rows()
     y = predict(model_matrix(probe, target, names))
     if calib is not None:

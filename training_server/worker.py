@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from features.bundle import BundleError
 from features.scoring import evaluate_bundle
 
 from . import trainer
@@ -48,6 +49,9 @@ log = logging.getLogger("training_server.worker")
 #: sample weight of rows stored after a detected drift, and how long rows count as recent
 RECENT_WEIGHT = 4.0
 RECENT_ROWS = 20_000
+#: trainings per full choice of each target's base link (``TrainConfig.auto_links``); the others
+#: fit only the links chosen last: half the trees per cycle (3 fits instead of 6)
+LINK_CHOICE_EVERY = 4
 
 
 class _Stopped(Exception):
@@ -136,6 +140,9 @@ class RetrainWorker:
         self.feedback = LiveFeedback(config.quantile)
         self.correction = LiveCorrection(clock)
         self._recalibrated_at = -float("inf")  # on ``clock``
+        #: per target, the base link the last full choice kept (trees over a base), and trainings since
+        self._links: dict[str, str] = {}
+        self._trainings = 0
         self.correction.sync(served.manifest if served.source == "learned" else None,
                              served.version if served.source == "learned" else None)
 
@@ -299,13 +306,22 @@ class RetrainWorker:
             return CycleReport("rejected", f"too few training rows {counts}")
         self._phase("train")
         self.drift_retrain_pending = False
-        result = trainer.train_models(train.raw, train.ttft, train.tpot, config=self.config, ts=train.ts,
+        choose = not self._links or self._trainings % LINK_CHOICE_EVERY == 0
+        config = self.config if choose else trainer.with_config(
+            self.config, auto_links={**self.config.auto_links, **{t: (k,) for t, k in self._links.items()}})
+        result = trainer.train_models(train.raw, train.ttft, train.tpot, config=config, ts=train.ts,
                                       weights=self._recency_weights(train.ids), stop=self._while_training)
+        self._trainings += 1
+        if choose:
+            self._links = {t: b["link"] for t, b in result.base.items() if t in result.models}
         if not result.models:
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
-        self.correction.hand_over(result, ts, self.registry.served)
-        self._phase("evaluate")
-        candidate = trainer.loaded_bundle(result)
+        try:  # a candidate no manifest accepts (e.g. trees answering an idle server with <= 0 ms)
+            self.correction.hand_over(result, ts, self.registry.served)
+            self._phase("evaluate")
+            candidate = trainer.loaded_bundle(result)
+        except BundleError as e:
+            return CycleReport("rejected", f"candidate not servable: {e}")
         served = self.registry.served
         cand_scores = evaluate_bundle(candidate, test.raw, test.ttft, test.tpot)
         served_scores = evaluate_bundle(served, test.raw, test.ttft, test.tpot, quantile=candidate.quantile)
