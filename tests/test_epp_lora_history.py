@@ -272,3 +272,14 @@ def _all_small_states() -> list[Endpoint]:
            for i, (a, w, m) in enumerate(itertools.product(subsets, subsets, (0, 1, 2, 3)))]
     eps.append(Endpoint(name="none", metrics=None))
     return eps
+
+
+@pytest.mark.parametrize("max_lora", [0, 4])
+def test_metric_only_scorer_is_neutral_where_no_adapter_is_loaded(max_lora):
+    """The recommended profile carries the metric-only scorer for every pool: where no server
+    has an adapter loaded or waiting (no LoRA, or not yet), every endpoint scores alike, so a
+    max-score pick is the one the other scorers make, for base-model requests and adapters."""
+    scorer = LoraAffinityScorer()
+    eps = [ep(f"e{i}", max_lora=max_lora) for i in range(5)]
+    for target in ("", "meta-llama/Llama-3.1-8B", "sql"):
+        assert len(set(scorer.score(req(target), eps).values())) == 1

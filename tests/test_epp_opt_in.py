@@ -10,7 +10,7 @@ import yaml
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.metrics import EppCollector
-from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, MaxScorePicker, QueueScorer,
+from epp_client.plugins import (LoraAffinityScorer, KVCacheUtilizationScorer, LatencyScorer, MaxScorePicker, QueueScorer,
                                 WeightedRandomPicker)
 from epp_client.plugins.opt_in import OPT_IN_HEADER
 from epp_client.predictor import BulkPrediction, InProcessPredictor
@@ -66,7 +66,8 @@ def ran(s: Scheduler, req: InferenceRequest) -> tuple[list[str], str, str]:
 def test_the_header_routes_through_the_predicted_profile_and_its_absence_through_the_heuristic():
     s = sched()
     predicted, heuristic = s.profiles
-    assert [type(sc).__name__ for sc, _ in predicted.scorers] == ["LatencyScorer", "KVCacheUtilizationScorer"]
+    assert [type(sc).__name__ for sc, _ in predicted.scorers] == ["LatencyScorer", "LoraAffinityScorer",
+                                                                  "KVCacheUtilizationScorer"]
     assert [type(sc).__name__ for sc, _ in heuristic.scorers] == ["QueueScorer", "KVCacheUtilizationScorer",
                                                                   "PrefixCacheScorer"]
     assert ran(s, request("true")) == (["predicted"], "predicted", "pod0")
@@ -170,11 +171,13 @@ def test_well_known_configs_by_name(tmp_path):
     assert set(WELL_KNOWN_CONFIGS) == {"predicted-latency-slo", "predicted-latency-recommended"}
     rec = Scheduler.from_config("predicted-latency-recommended", predictor=FixedPredictor())
     (prof,) = rec.profiles
-    (scorer, w_latency), (kv, w_kv) = prof.scorers
+    (scorer, w_latency), (lora, w_lora), (kv, w_kv) = prof.scorers
     assert isinstance(scorer, LatencyScorer) and scorer.headroom_selection_strategy == "most"
     assert (scorer.ttft_weight, scorer.tpot_weight) == (0.5, 0.5)
     # KV headroom beside the latency scorer, at equal weight (docs/plugins.md B2.8)
     assert isinstance(kv, KVCacheUtilizationScorer) and w_latency == w_kv == 1.0
+    # llm-d's metric-only LoRA affinity at weight 2 (neutral where no adapter is loaded)
+    assert isinstance(lora, LoraAffinityScorer) and not lora.request_history and w_lora == 2.0
     assert isinstance(prof.picker, MaxScorePicker)
     slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
     assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)

@@ -195,7 +195,7 @@ def test_adapters_load_in_batch_order():
     assert list(srv.adapters.resident) == ["d", "a", "c", "b"] and srv.adapters.loads == 4
 
 
-def test_predicted_lora_history_is_the_recommended_profile_plus_the_history_scorer():
+def test_predicted_lora_history_is_the_recommended_profile_with_the_history_scorer():
     from epp_client.plugins import KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer
     from epp_client.scheduler import Scheduler
     from epp_client.wellknown import RECOMMENDED_CONFIG
@@ -208,6 +208,9 @@ def test_predicted_lora_history_is_the_recommended_profile_plus_the_history_scor
     assert kinds == {LatencyScorer: 1.0, LoraAffinityScorer: 2.0, KVCacheUtilizationScorer: 1.0}
     lora = next(sc for sc, _ in prof.scorers if isinstance(sc, LoraAffinityScorer))
     assert lora.request_history
+    # the recommended profile itself has llm-d's metric-only scorer at the same weight
+    assert {type(sc): w for sc, w in rec.scorers} == kinds
+    assert not next(sc for sc, _ in rec.scorers if isinstance(sc, LoraAffinityScorer)).request_history
     # everything else is the recommended profile's
     assert [type(f) for f in prof.filters] == [type(f) for f in rec.filters]
     assert type(prof.picker) is type(rec.picker)

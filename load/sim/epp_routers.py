@@ -29,27 +29,22 @@ __all__ = ["make", "PREDICTED_LORA_HISTORY_CONFIG"]
 LORA_WEIGHT = 2.0
 #: The recommended predicted-latency profile plus lora-affinity-scorer with request history
 #: (weight 2 next to the latency and KV scorers' 1; docs/multi-lora.md §3).
-PREDICTED_LORA_HISTORY_CONFIG = (
-    RECOMMENDED_CONFIG
-    .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n  parameters:\n    requestHistory: true\n"
-             "- type: latency-scorer\n", 1)
-    .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
-             "  - pluginRef: latency-scorer\n    weight: 1\n  - pluginRef: lora-affinity-scorer\n    weight: 2\n", 1)
-)
+PREDICTED_LORA_HISTORY_CONFIG = RECOMMENDED_CONFIG.replace(
+    "- type: lora-affinity-scorer\n", "- type: lora-affinity-scorer\n  parameters:\n    requestHistory: true\n", 1)
 _SLO_WIRING = ("streaming producer, affinity filters, SLO tier filter, latency scorer preferring the least headroom, "
                "weighted-random picker")
 #: policy -> (EndpointPickerConfig, description)
 PREDICTED_CONFIGS = {
     "predicted": (RECOMMENDED_CONFIG, "predicted latency, the recommended profile (well-known config "
                                       "predicted-latency-recommended: predicted-latency-slo with the latency scorer "
-                                      "preferring the most headroom, the KV-cache utilization scorer beside it and "
-                                      "a max-score picker)"),
+                                      "preferring the most headroom, the KV-cache utilization and LoRA affinity "
+                                      "scorers beside it and a max-score picker)"),
     "predicted-llmd": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
                                                      f"predicted-latency-slo ({_SLO_WIRING})"),
     "predicted-upstream": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
                                                          f"predicted-latency-slo ({_SLO_WIRING})"),
-    "predicted-lora-history": (PREDICTED_LORA_HISTORY_CONFIG, "predicted latency, the recommended profile plus "
-                                                              "lora-affinity-scorer (requestHistory: true, weight 2)"),
+    "predicted-lora-history": (PREDICTED_LORA_HISTORY_CONFIG, "predicted latency, the recommended profile with "
+                                                              "its lora-affinity-scorer's requestHistory: true"),
 }
 
 
