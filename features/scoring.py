@@ -22,6 +22,10 @@ def pinball_loss(y_true: np.ndarray | Sequence[float], y_pred: np.ndarray | Sequ
     return float(np.average(np.maximum(quantile * d, (quantile - 1.0) * d), weights=weights))
 
 
+#: actual latencies below this (ms) are left out of the MAPE
+MIN_MAPE_MS = 1e-6
+
+
 def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float) -> dict:
     """{"pinball" (ms), "coverage" (% of actuals <= prediction), "mape" (%), "n"}."""
     y = np.asarray(y_true, dtype=np.float64).reshape(-1)
@@ -29,7 +33,7 @@ def evaluate_predictions(y_true: np.ndarray, y_pred: np.ndarray, quantile: float
     n = int(y.size)
     if n == 0:
         return {"pinball": float("nan"), "coverage": float("nan"), "mape": float("nan"), "n": 0}
-    pos = y > 0
+    pos = y > MIN_MAPE_MS  # relative error over a latency of ~0 is not a figure (it overflowed)
     mape = float(np.mean(np.abs(y[pos] - p[pos]) / y[pos]) * 100.0) if pos.any() else float("nan")
     return {"pinball": pinball_loss(y, p, quantile), "coverage": float(np.mean(y <= p) * 100.0), "mape": mape, "n": n}
 

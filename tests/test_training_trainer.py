@@ -32,6 +32,12 @@ def test_evaluate_predictions_by_hand():
     assert r["coverage"] == 50.0 and r["n"] == 2
     assert r["mape"] == pytest.approx((0.2 + 0.25) / 2 * 100)
     assert trainer.conformal_offset(np.arange(1.0, 101.0), 0.9) == 91.0
+    # a near-zero actual (the fuzzer sends them) stays out of the MAPE instead of overflowing it
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = evaluate_predictions(np.array([10.0, 1e-310]), np.array([12.0, 1e300]), 0.9)
+    assert r["mape"] == pytest.approx(20.0) and r["n"] == 2
 
 
 def test_default_recipe_is_calibrated_and_bundles_roundtrip(data, tmp_path):
