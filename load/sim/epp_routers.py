@@ -27,8 +27,8 @@ from .driver import LifecycleRouter
 __all__ = ["make", "PREDICTED_LORA_HISTORY_CONFIG"]
 #: Weight of lora-affinity-scorer next to the default profile's queue 2 / KV 2 / prefix 3.
 LORA_WEIGHT = 2.0
-#: The recommended predicted-latency profile plus lora-affinity-scorer with request history
-#: (weight 2 next to the latency and KV scorers' 1; docs/multi-lora.md §3).
+#: The recommended predicted-latency profile with its lora-affinity-scorer remembering what
+#: this router sent where (``requestHistory: true``; docs/multi-lora.md §3).
 PREDICTED_LORA_HISTORY_CONFIG = RECOMMENDED_CONFIG.replace(
     "- type: lora-affinity-scorer\n", "- type: lora-affinity-scorer\n  parameters:\n    requestHistory: true\n", 1)
 _SLO_WIRING = ("streaming producer, affinity filters, SLO tier filter, latency scorer preferring the least headroom, "
