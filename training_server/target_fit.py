@@ -122,8 +122,8 @@ ALONE = "alone"
 BaseFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], dict]
 
 
-def _positive_on_probe(predict: Callable[[np.ndarray], np.ndarray], calib: dict | None, target: str,
-                       names: tuple[str, ...]) -> bool:
+def _servable(predict: Callable[[np.ndarray], np.ndarray], calib: dict | None, target: str,
+              names: tuple[str, ...]) -> bool:
     """The candidate answers the rows a bundle must answer before it is served
     (:func:`features.loaded.probe_rows`) with finite, positive latencies, and its calibration
     is one a manifest accepts (a conformal factor within ``features.bundle.SCALE_RANGE``: trees
@@ -210,8 +210,8 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
         else:
             calib = conformal_spec(target, y[cal] - pred, reg, cfg.quantile, weights=wc)
         applied = Calibration.from_spec(TargetCalibration.from_json(calib)).apply(pred, r[cal])
-        # (never served: does not answer the probe rows; fallback; eligible), then the held-out pinball
-        rank = 2 if not _positive_on_probe(predict, calib, target, names) else \
+        # (never served: not servable, see _servable; fallback; eligible), then the held-out pinball
+        rank = 2 if not _servable(predict, calib, target, names) else \
             1 if link == ALONE and not select_alone else 0
         score = (rank, pinball_loss(y[cal], applied, cfg.quantile, wc))
         if best is None or score < best[0]:
@@ -228,12 +228,11 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
                         if multiplicative else
                         conformal_spec(target, y[rnd] - pred, reg_r, cfg.quantile, weights=w_r))
     # Too few rows for the forward calibration: refit the chosen trees on all of them and keep the
-    # offset (unless the refit does not answer the probe rows: then the held-out fit, as scored).
+    # offset (unless the refit is not servable: then the held-out fit, as scored).
     # Otherwise the model ships as measured (module docstring); so does the base alone always.
     if link != ALONE and not forward:
         refit, refit_spec, refit_predict = fit_on(link, slice(None))
-        if _positive_on_probe(refit_predict, calib, target, names) or not _positive_on_probe(predict, calib,
-                                                                                              target, names):
+        if _servable(refit_predict, calib, target, names) or not _servable(predict, calib, target, names):
             model, spec = refit, refit_spec
     return model, spec, calib
 
