@@ -74,10 +74,11 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: choice piled KV onto a few servers under overload (``standard`` at 100% load, seed 0:
 #: 895 preemptions, 42.0% SLO attainment; with it 68 and 57.7%, the best heuristic 52.3%; at
 #: 80%: 91.9% against 88.3% and token-load's 88.0%; docs/evaluation.md §4). And llm-d's
-#: metric-only lora-affinity-scorer at weight 2: the models know nothing of adapter slots, so
+#: metric-only lora-affinity-scorer at weight 0.75: the models know nothing of adapter slots, so
 #: without it a LoRA pool thrashed adapters (``multi-lora`` at 80% / 100%: 43.9% / 26.2%, with it
-#: 69.6% / 37.1%). Where no server serves adapters it scores every endpoint alike (0), so it
-#: changes nothing there.
+#: 68.4% / 38.4%); at weight 2 it herded a burst of new adapters onto the first servers to load
+#: them (``lora-spike`` at 100%, seeds 0-4: 24.5% against token-load's 26.1%; at 0.75 26.3%).
+#: Where no server serves adapters it scores every endpoint alike (0), so it changes nothing there.
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n"
@@ -85,7 +86,7 @@ RECOMMENDED_CONFIG = (
              "    ttftWeight: 0.5\n    tpotWeight: 0.5\n- type: kv-cache-utilization-scorer\n")
     .replace("  - pluginRef: latency-scorer\n    weight: 1\n",
              "  - pluginRef: latency-scorer\n    weight: 1\n"
-             "  - pluginRef: lora-affinity-scorer\n    weight: 2\n"
+             "  - pluginRef: lora-affinity-scorer\n    weight: 0.75\n"
              "  - pluginRef: kv-cache-utilization-scorer\n    weight: 1\n")
     .replace("weighted-random-picker", "max-score-picker")
 )

@@ -176,8 +176,8 @@ def test_well_known_configs_by_name(tmp_path):
     assert (scorer.ttft_weight, scorer.tpot_weight) == (0.5, 0.5)
     # KV headroom beside the latency scorer, at equal weight (docs/plugins.md B2.8)
     assert isinstance(kv, KVCacheUtilizationScorer) and w_latency == w_kv == 1.0
-    # llm-d's metric-only LoRA affinity at weight 2 (neutral where no adapter is loaded)
-    assert isinstance(lora, LoraAffinityScorer) and not lora.request_history and w_lora == 2.0
+    # llm-d's metric-only LoRA affinity at weight 0.75 (neutral where no adapter is loaded)
+    assert isinstance(lora, LoraAffinityScorer) and not lora.request_history and w_lora == 0.75
     assert isinstance(prof.picker, MaxScorePicker)
     slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
     assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)

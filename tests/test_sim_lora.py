@@ -205,7 +205,7 @@ def test_predicted_lora_history_is_the_recommended_profile_with_the_history_scor
     (rec,) = Scheduler.from_config(RECOMMENDED_CONFIG).profiles
     (prof,) = Scheduler.from_config(PREDICTED_LORA_HISTORY_CONFIG).profiles
     kinds = {type(sc): w for sc, w in prof.scorers}
-    assert kinds == {LatencyScorer: 1.0, LoraAffinityScorer: 2.0, KVCacheUtilizationScorer: 1.0}
+    assert kinds == {LatencyScorer: 1.0, LoraAffinityScorer: 0.75, KVCacheUtilizationScorer: 1.0}
     lora = next(sc for sc, _ in prof.scorers if isinstance(sc, LoraAffinityScorer))
     assert lora.request_history
     # the recommended profile itself has llm-d's metric-only scorer at the same weight
