@@ -174,6 +174,7 @@ def test_well_known_configs_by_name(tmp_path):
     (scorer, w_latency), (lora, w_lora), (kv, w_kv) = prof.scorers
     assert isinstance(scorer, LatencyScorer) and scorer.headroom_selection_strategy == "most"
     assert (scorer.ttft_weight, scorer.tpot_weight) == (0.5, 0.5)
+    assert scorer.headroom_normalization == "slo"   # each headroom as a share of its SLO (B2.4)
     # KV headroom beside the latency scorer, at equal weight (docs/plugins.md B2.8)
     assert isinstance(kv, KVCacheUtilizationScorer) and w_latency == w_kv == 1.0
     # llm-d's metric-only LoRA affinity at weight 0.75 (neutral where no adapter is loaded)

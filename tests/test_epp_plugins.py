@@ -225,6 +225,28 @@ def test_latency_scorer_positive_bucket_least_and_most():
     assert LatencyScorer().score(REQ, mid)["b"] == 0.51
 
 
+def test_latency_scorer_slo_normalised_headroom():
+    # TTFT SLO 2000 ms, TPOT SLO 100 ms: "a" has three times "b"'s TTFT headroom, "b" 2 ms more TPOT headroom
+    a = ep("a", pred=LatencyPrediction(500, 60, 1500, 40, True, True, 1))
+    b = ep("b", pred=LatencyPrediction(1500, 58, 500, 42, True, True, 1))
+    neg = ep("neg", pred=pred(-50))
+    w = {"ttft_weight": 0.5, "tpot_weight": 0.5, "headroom_selection_strategy": "most"}
+    # range (upstream): each headroom stretched over the candidates, so 2 ms of TPOT weigh as much as 1 s of TTFT
+    assert LatencyScorer(**w).score(REQ, [a, b, neg]) == {"a": 0.51, "b": 0.51, "neg": 0.0}
+    # slo: a 0.5 x 0.75 + 0.5 x 0.40 against b 0.5 x 0.25 + 0.5 x 0.42
+    assert LatencyScorer(**w, headroom_normalization="slo").score(REQ, [a, b, neg]) == {"a": 1.01, "b": 0.01,
+                                                                                        "neg": 0.0}
+    # a TPOT difference that is large against its SLO still wins
+    c = ep("c", pred=LatencyPrediction(1400, 10, 600, 90, True, True, 1))
+    assert LatencyScorer(**w, headroom_normalization="slo").score(REQ, [a, c])["c"] == 1.01
+    # only the positive bucket under "most" changes: "least" keeps upstream's rule
+    least = LatencyScorer(ttft_weight=0.5, tpot_weight=0.5, headroom_normalization="slo")
+    assert least.score(REQ, [a, b]) == LatencyScorer(ttft_weight=0.5, tpot_weight=0.5).score(REQ, [a, b])
+    assert LatencyScorer.from_config({"headroomNormalization": "slo"}).headroom_normalization == "slo"
+    with pytest.raises(ConfigError, match="headroomNormalization"):
+        LatencyScorer.from_config({"headroomNormalization": "ratio"})
+
+
 def test_latency_scorer_reweighting_and_float_quirk():
     # both ranges <= 1e-9 -> weights kept, nT = nP = 0.5 -> c = 0.5
     same = [ep("a", pred=pred(100, 3)), ep("b", pred=pred(100, 3))]

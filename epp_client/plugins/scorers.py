@@ -68,6 +68,11 @@ class LatencyScorer(Plugin):
         doc="no busy endpoint meets the SLO: `least` (upstream) prefers the smallest deficit in the first "
             "non-empty deficit bucket, `most` the largest (keep hopeless requests off the endpoints that "
             "can still serve others in time)")
+    headroom_normalization: str = param(
+        "headroomNormalization", default="range", check=one_of("range", "slo"),
+        doc="positive bucket under `most`: `range` (upstream) stretches each headroom over the candidates' range, "
+            "`slo` takes each as a fraction of its SLO before weighting, so a TPOT difference that is small "
+            "against the TPOT SLO stays small")
     composite_kv_weight: float = param("compositeKVWeight", default=1.0, doc="fallback: weight of free KV cache")
     composite_queue_weight: float = param("compositeQueueWeight", default=1.0,
                                           doc="fallback: weight of the relative queue")
@@ -131,12 +136,32 @@ class LatencyScorer(Plugin):
             alpha, beta = 0.0, 1.0
         elif r_p <= _EPS and r_t > _EPS:
             alpha, beta = 1.0, 0.0
+        if most and self.headroom_normalization == "slo":
+            self._score_by_slo_share(bucket, alpha, beta, scores)
+            return
         for (e, _), t, p in zip(bucket, ht, hp):
             n_t = (t - min_t) / r_t if r_t > _EPS else 0.5
             n_p = (p - min_p) / r_p if r_p > _EPS else 0.5
             c = alpha * n_t + beta * n_p
             w = int(c * 100) + 1 if most else int((1 - c) * 100) + 1
             scores[e.name] = w / 100
+
+    @staticmethod
+    def _score_by_slo_share(bucket: list[tuple[Endpoint, LatencyPrediction]], alpha: float, beta: float,
+                            scores: dict[str, float]) -> None:
+        """``headroomNormalization: slo`` (positive bucket, ``most``): c = α·TTFT headroom / TTFT SLO
+        + β·TPOT headroom / TPOT SLO (the SLO each headroom was taken against, buffered for TPOT),
+        then c stretched over the candidates (the best 1.01, the worst 0.01, as ``range`` does)."""
+        cs = []
+        for _, pred in bucket:
+            slo_t = pred.ttft_ms + pred.ttft_headroom_ms
+            slo_p = pred.tpot_ms + pred.tpot_headroom_ms
+            cs.append(alpha * (pred.ttft_headroom_ms / slo_t if slo_t > _EPS else 0.0)
+                      + beta * (pred.tpot_headroom_ms / slo_p if slo_p > _EPS else 0.0))
+        lo, hi = min(cs), max(cs)
+        for (e, _), c in zip(bucket, cs):
+            n = (c - lo) / (hi - lo) if hi - lo > _EPS else 0.5
+            scores[e.name] = (int(n * 100) + 1) / 100
 
 
 @plugin("queue-scorer", Scorer)
