@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor", default=None,
                    help="prediction server URL(s), comma-separated: use real servers instead of in-process models")
     p.add_argument("--training-url", default=None, help="training server URL (with --predictor)")
+    p.add_argument("--true-latencies", action="store_true",
+                   help="predicted policies: answer the producer with the simulator's true per-endpoint latencies "
+                        "(the oracle's forward probe) instead of models, to see how much better predictions could "
+                        "give a profile (slower: a forward simulation per candidate)")
     p.add_argument("--record-trace", default=None,
                    help="write the training entries that epp_client's producer emits during the run (llm-d "
                         "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
@@ -170,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
+        if args.true_latencies:
+            if args.predictor is not None:
+                raise ValueError("--true-latencies replaces the models: it does not go with --predictor")
+            if not any(p in bench.PREDICTED_POLICIES for p in policies):
+                raise ValueError("--true-latencies needs a predicted policy: one of "
+                                 + ", ".join(bench.PREDICTED_POLICIES))
         if args.opt_in_share is not None:
             if not 0.0 <= args.opt_in_share <= 1.0:
                 raise ValueError(f"--opt-in-share: must be in [0, 1], got {args.opt_in_share:g}")
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config, opt_in_share=args.opt_in_share,
+                            true_latencies=args.true_latencies,
                             flow_ttl_s=args.flow_ttl, flow_detector=detector, flow_params=flow_params,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
@@ -236,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
+            **({"true_latencies": True} if args.true_latencies else {}),
             **({"native_load": native_note} if native_note else {}),
             **({"flow_params": opts.flow_params} if opts.flow_params else {}),
             "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},

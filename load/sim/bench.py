@@ -34,6 +34,7 @@ class RunOptions:
     record_trace: object | None = None     # a file-like object receiving JSONL training entries
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     opt_in_share: float | None = None      # predicted policies: share of requests opted in to prediction
+    true_latencies: bool = False           # predicted policies: the simulator's true latencies, no models
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
     flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
     flow_params: dict = field(default_factory=dict)     # program-aware-fairness parameters of their las/turn-priority

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
@@ -148,7 +149,15 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             + ("requestHistory: true" if history else "metric-only") + "), max-score picker"))
     if policy in PREDICTED_CONFIGS:
         recipe = "upstream" if policy == "predicted-upstream" else "default"
-        if opts.predictor_url:
+        true = None
+        learner: Any = None
+        predictor: Any
+        if opts.true_latencies:
+            from .true_latency import TrueLatencyPredictor
+
+            predictor = true = TrueLatencyPredictor()
+            sink = _Sink(None, record)
+        elif opts.predictor_url:
             from epp_client.predictor import PredictorClient
             from epp_client.training import TrainingReporter
 
@@ -172,16 +181,20 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
                                          clock=clock, wall_clock=wall)
 
-        where = "real prediction/training servers" if opts.predictor_url else \
-            f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s"
+        where = ("the simulator's true latencies instead of models (the oracle's probe)" if true is not None else
+                 "real prediction/training servers" if opts.predictor_url else
+                 f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s")
         what = (PREDICTED_CONFIGS[policy][1] if not opts.epp_config else
                 "predicted latency with a user EndpointPickerConfig (--epp-config)")
         if opt_in:
             what += (f"; opted in per request (x-prediction-based-scheduling: true) with probability "
                      f"{opts.opt_in_share:g}, the others on llm-d's default profile "
                      "(prediction-opt-in-profile-handler)")
-        return _router(policy, factory, opts, learner=learner, sink=sink, opt_in_share=opts.opt_in_share,
-                       description=f"{what}; {recipe} recipe; {where}")
+        router = _router(policy, factory, opts, learner=learner, sink=sink, opt_in_share=opts.opt_in_share,
+                         description=f"{what}; {recipe} recipe; {where}")
+        if true is not None:
+            true.bind(router)
+        return router
     raise ValueError(f"unknown epp policy {policy!r}")
 
 

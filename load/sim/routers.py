@@ -88,7 +88,8 @@ class OracleScheduler(HeuristicScheduler):
         idx = self.route(self.driver.current, self._sim().now)   # the driver's simulation: bound together
         return [] if idx is None else [candidates[idx]]
 
-    def _probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+    def probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+        """(TTFT ms, TPOT ms) of ``req`` on server ``idx`` from its true state (no later arrivals)."""
         srv = self._sim().servers[idx].clone()
         probe = req.clone()
         probe.reset_progress()
@@ -173,7 +174,7 @@ class OracleScheduler(HeuristicScheduler):
                 self.extrapolated += 1
                 score = self._score(req, ms, spec.step_ms(b, 0, 0, 0))
             else:
-                score = self._score(req, *self._probe(i, req, now))
+                score = self._score(req, *self.probe(i, req, now))
             if best_score is None or score < best_score:
                 best, best_score = i, score
         return best
