@@ -68,8 +68,8 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: The recommended predicted-latency profile (``predicted-latency-recommended``). For now the
 #: best-measured wiring: predicted-latency-slo with the latency scorer preferring the MOST
 #: headroom, TTFT and TPOT headroom weighted equally, each as a share of its SLO (headroomNormalization: slo:
-#: upstream's min-max over the candidates let a 2 ms spread of TPOT weigh as much as seconds of TTFT; seeds
-#: 0-2 at 80% / 100%: 91.7% / 57.8% against 90.6% / 54.2%), the max-score picker instead of the
+#: upstream's min-max over the candidates let a 2 ms spread of TPOT weigh as much as seconds of TTFT;
+#: ``standard``, seeds 0-2, at 80% / 100%: 91.7% / 57.8% against 90.6% / 54.2%), the max-score picker instead of the
 #: weighted-random one (spread load rather than pack requests next to their SLO edge), and
 #: llm-d's kv-cache-utilization-scorer beside the latency scorer at weight 1: the models see KV
 #: use but not the preemption cliff a full cache falls off, so without it the most-headroom

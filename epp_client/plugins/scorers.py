@@ -128,6 +128,9 @@ class LatencyScorer(Plugin):
             alpha, beta = 1.0, 0.0
         else:
             alpha, beta = self.ttft_weight / wsum, self.tpot_weight / wsum
+        if most and self.headroom_normalization == "slo":
+            self._score_by_slo_share(bucket, alpha, beta, scores)
+            return
         ht = [abs(pred.ttft_headroom_ms) for _, pred in bucket]
         hp = [abs(pred.tpot_headroom_ms) for _, pred in bucket]
         min_t, min_p = min(ht), min(hp)
@@ -136,9 +139,6 @@ class LatencyScorer(Plugin):
             alpha, beta = 0.0, 1.0
         elif r_p <= _EPS and r_t > _EPS:
             alpha, beta = 1.0, 0.0
-        if most and self.headroom_normalization == "slo":
-            self._score_by_slo_share(bucket, alpha, beta, scores)
-            return
         for (e, _), t, p in zip(bucket, ht, hp):
             n_t = (t - min_t) / r_t if r_t > _EPS else 0.5
             n_p = (p - min_p) / r_p if r_p > _EPS else 0.5
