@@ -149,13 +149,13 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             + ("requestHistory: true" if history else "metric-only") + "), max-score picker"))
     if policy in PREDICTED_CONFIGS:
         recipe = "upstream" if policy == "predicted-upstream" else "default"
-        true = None
+        oracle_answers = None
         learner: Any = None
         predictor: Any
         if opts.true_latencies:
             from .true_latency import TrueLatencyPredictor
 
-            predictor = true = TrueLatencyPredictor()
+            predictor = oracle_answers = TrueLatencyPredictor()
             sink = _Sink(None, record)
         elif opts.predictor_url:
             from epp_client.predictor import PredictorClient
@@ -181,7 +181,8 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
                                          clock=clock, wall_clock=wall)
 
-        where = ("the simulator's true latencies instead of models (the oracle's probe)" if true is not None else
+        where = ("the simulator's true latencies instead of models (the oracle's probe)"
+                 if oracle_answers is not None else
                  "real prediction/training servers" if opts.predictor_url else
                  f"training code in process, retrained every {opts.retrain_interval_s:g} simulated s")
         what = (PREDICTED_CONFIGS[policy][1] if not opts.epp_config else
@@ -192,8 +193,8 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
                      "(prediction-opt-in-profile-handler)")
         router = _router(policy, factory, opts, learner=learner, sink=sink, opt_in_share=opts.opt_in_share,
                          description=f"{what}; {recipe} recipe; {where}")
-        if true is not None:
-            true.bind(router)
+        if oracle_answers is not None:
+            oracle_answers.bind(router)
         return router
     raise ValueError(f"unknown epp policy {policy!r}")
 
