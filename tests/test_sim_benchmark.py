@@ -67,6 +67,16 @@ def test_different_seed_differs():
     assert _run("random", 1) != _run("random", 2)
 
 
+def test_missed_slos_add_up_to_the_misses():
+    """Every completed request that fails its SLO misses TTFT, TPOT or both; shed ones count as
+    misses of neither (they never completed)."""
+    m = _run("random", 0, limit=400, load=1.2)
+    missed = 1.0 - m["slo_attainment"] - m["shed"] / m["requests"]
+    assert m["ttft_miss_share"] > 0 and m["tpot_miss_share"] >= 0
+    assert max(m["ttft_miss_share"], m["tpot_miss_share"]) <= missed + 1e-9
+    assert missed <= m["ttft_miss_share"] + m["tpot_miss_share"] + 1e-9
+
+
 def test_oracle_beats_random_on_ttft():
     o, r = _run("oracle", 0, limit=400, load=1.0), _run("random", 0, limit=400, load=1.0)
     assert o["ttft_p90_ms"] < r["ttft_p90_ms"]

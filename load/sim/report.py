@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 KEYS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms",
-        "e2e_p90_ms", "slo_attainment", "goodput_rps", "throughput_rps", "prefix_hit_rate", "imbalance", "shed")
+        "e2e_p90_ms", "slo_attainment", "ttft_miss_share", "tpot_miss_share", "goodput_rps", "throughput_rps",
+        "prefix_hit_rate", "imbalance", "shed")
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -30,6 +31,9 @@ def summarize(res: SimResult, n_servers: int) -> tuple[dict, dict]:
     tpot = np.array([r.tpot_ms for r in done if r.output_len > 1])
     e2e = np.array([r.e2e_ms for r in done])
     met = sum(1 for r in done if r.meets_slo())
+    # which SLO the completed requests missed (a request can miss both)
+    ttft_miss = sum(1 for r in done if 0 < r.ttft_slo_ms < r.ttft_ms)
+    tpot_miss = sum(1 for r in done if r.output_len > 1 and 0 < r.tpot_slo_ms < r.tpot_ms)
     shed = sum(1 for r in reqs if r.shed)
     t0 = min((r.arrival for r in reqs), default=0.0)
     t_end = max((r.finish_t for r in done), default=t0)
@@ -48,6 +52,8 @@ def summarize(res: SimResult, n_servers: int) -> tuple[dict, dict]:
         "prefix_hit_rate": res.hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0,
         "imbalance": max(work) / mean_work if mean_work > 0 else 1.0,
         "shed": shed,
+        "ttft_miss_share": ttft_miss / len(reqs) if reqs else float("nan"),
+        "tpot_miss_share": tpot_miss / len(reqs) if reqs else float("nan"),
         "requests": len(reqs), "completed": len(done), "preemptions": res.preemptions, "steps": res.steps,
         "sim_duration_s": res.duration_s,
     }
@@ -94,7 +100,8 @@ COLUMNS = (("TTFT p50 (s)", "ttft_p50_ms", "s"), ("TTFT p90 (s)", "ttft_p90_ms",
            ("TPOT p50 (ms)", "tpot_p50_ms", "ms"), ("TPOT p90 (ms)", "tpot_p90_ms", "ms"),
            ("TPOT p99 (ms)", "tpot_p99_ms", "ms"),
            ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"),
-           ("SLO att.", "slo_attainment", "pct"),
+           ("SLO att.", "slo_attainment", "pct"), ("missed TTFT", "ttft_miss_share", "pct"),
+           ("missed TPOT", "tpot_miss_share", "pct"),
            ("goodput rps", "goodput_rps", "rps"), ("thrpt rps", "throughput_rps", "rps"),
            ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"))
 
@@ -116,7 +123,8 @@ def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping
              f"- Requests per run: {meta.get('requests')}; capacity (load 1.0) = {meta.get('capacity_rps', 0):.3f} "
              "requests/s: GPU-time saturation without prefix reuse (analytic, `workloads.capacity_rps`).",
              "- SLOs: " + "; ".join(meta.get("slo", [])) + ". SLO attainment = share of all arrivals meeting both "
-             "(shed requests count as misses); goodput/throughput = requests per second from the first arrival "
+             "(shed requests count as misses); missed TTFT/TPOT = share of all arrivals that completed over that SLO "
+             "(a request can miss both); goodput/throughput = requests per second from the first arrival "
              "to the last completion; prefix hit = cached share of prompt tokens at admission; imbalance = max/mean "
              "over servers of tokens computed (uncached prompt + output); each latency column states its unit "
              "(TTFT and E2E in seconds, TPOT in milliseconds).",
