@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 #: The scheduling profile that picks the prefill endpoint under P/D disaggregation.
 PREFILL_PROFILE = "prefill"
@@ -86,6 +87,16 @@ class LatencyPrediction:
     dispatched_request_count: int = 0
     model_version: str = ""
     model_source: str = ""  # "learned", "prior", or "" when the predictor did not say
+    #: the requests this router has running on the endpoint, with a TPOT SLO: (decode time so far
+    #: ms, TPOT so far ms, TPOT SLO ms) each, (0, 0, SLO) before the first token; streaming mode
+    #: only. A tuple, or a function computing it on first use (:meth:`running_decodes`)
+    decoding: Any = ()
+
+    def running_decodes(self) -> tuple:
+        """``decoding``, computed once if the producer left a function."""
+        if callable(self.decoding):
+            self.decoding = self.decoding()
+        return self.decoding
 
     @property
     def is_valid(self) -> bool:

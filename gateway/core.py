@@ -276,10 +276,13 @@ class Gateway:
             while True:
                 if chunk:
                     if obs is not None:
-                        if obs.feed(chunk) and t_first is None:
+                        events = obs.feed(chunk)   # content events: one token each in OpenAI streaming
+                        if events and t_first is None:
                             t_first = time.monotonic()
                             if status < 300:
-                                self.driver.first_chunk(decision, info, t_first)
+                                self.driver.first_chunk(decision, info, t_first, events)
+                        elif events and status < 300:
+                            self.driver.chunk(decision, info, time.monotonic(), events)
                     elif bobs is not None:
                         bobs.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -153,8 +153,12 @@ class Driver:
         else:
             self.hook(routing, "pre_request", request, res, now)
 
-    def first_chunk(self, routing: Routing, request: InferenceRequest, now: float) -> None:
-        self.hook(routing, "on_first_chunk", request.request_id, now)
+    def first_chunk(self, routing: Routing, request: InferenceRequest, now: float, tokens: int | None = None) -> None:
+        self.hook(routing, "on_first_chunk", request.request_id, now, tokens)
+
+    def chunk(self, routing: Routing, request: InferenceRequest, now: float, tokens: int) -> None:
+        """Tokens streamed after the first chunk (the producer measures each request's TPOT so far)."""
+        self.hook(routing, "on_chunk", request.request_id, now, tokens)
 
     def complete(self, routing: Routing, request: InferenceRequest, outcome: Outcome, now: float) -> None:
         self.hook(routing, "on_complete", request.request_id, now, status=outcome.status or 599,

@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="predicted policies: answer the producer with the simulator's true per-endpoint latencies "
                         "(the oracle's forward probe) instead of models, to see how much better predictions could "
                         "give a profile (slower: a forward simulation per candidate)")
+    p.add_argument("--true-harm", action="store_true",
+                   help="predicted policies: the config's decode-harm-filter / decode-harm-scorer count the "
+                        "simulator's true harm (requests a placement pushes over their TPOT SLO, "
+                        "load/sim/harm_oracle.py) instead of their estimate (slower)")
     p.add_argument("--record-trace", default=None,
                    help="write the training entries that epp_client's producer emits during the run (llm-d "
                         "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
@@ -180,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             if not any(p in bench.PREDICTED_POLICIES for p in policies):
                 raise ValueError("--true-latencies needs a predicted policy: one of "
                                  + ", ".join(bench.PREDICTED_POLICIES))
+        if args.true_harm and not any(p in bench.PREDICTED_POLICIES for p in policies):
+            raise ValueError("--true-harm needs a predicted policy: one of " + ", ".join(bench.PREDICTED_POLICIES))
         if args.opt_in_share is not None:
             if not 0.0 <= args.opt_in_share <= 1.0:
                 raise ValueError(f"--opt-in-share: must be in [0, 1], got {args.opt_in_share:g}")
@@ -196,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 raise ValueError(f"--epp-config: {e}") from None
             build_scheduler(epp_config)     # validate now: ConfigError names the bad key
+        if args.true_harm and (epp_config is None or "decode-harm-" not in epp_config):
+            raise ValueError("--true-harm needs an --epp-config with a decode-harm-filter or decode-harm-scorer")
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -203,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = bench.RunOptions(seed=args.seed, limit=args.limit, predictor_url=args.predictor,
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config, opt_in_share=args.opt_in_share,
-                            true_latencies=args.true_latencies,
+                            true_latencies=args.true_latencies, true_harm=args.true_harm,
                             flow_ttl_s=args.flow_ttl, flow_detector=detector, flow_params=flow_params,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
@@ -248,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"true_latencies": True} if args.true_latencies else {}),
+            **({"true_harm": True} if args.true_harm else {}),
             **({"native_load": native_note} if native_note else {}),
             **({"flow_params": opts.flow_params} if opts.flow_params else {}),
             "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},

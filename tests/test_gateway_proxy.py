@@ -72,6 +72,37 @@ def test_pass_through_is_byte_for_byte(engines, path, body):
         srv.stop()
 
 
+class CountingTokens(FixedOrder):
+    """FixedOrder that records the tokens each request's chunks report to the policy."""
+
+    def __init__(self):
+        super().__init__()
+        self.streamed = {}
+
+    def on_first_chunk(self, request_id, now=None, tokens=None):
+        super().on_first_chunk(request_id, now, tokens)
+        self.streamed[request_id] = [tokens]
+
+    def on_chunk(self, request_id, now=None, tokens=None):
+        super().on_chunk(request_id, now, tokens)
+        self.streamed[request_id].append(tokens)
+
+
+def test_the_policy_hears_every_streamed_token(engines):
+    """A producer measures each running request's TPOT so far from the tokens its chunks carry."""
+    router = CountingTokens()
+    gw, srv = start_gateway([engines[0].url], router)
+    try:
+        via = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 7, "stream": True},
+                         headers={"x-request-id": "counted"})
+        assert via.status_code == 200
+        assert wait_until(lambda: gw.records and gw.records[-1].ok)
+        reported = router.streamed["counted"]
+        assert reported[0] >= 1 and all(t >= 1 for t in reported) and sum(reported) == 7
+    finally:
+        srv.stop()
+
+
 def test_streaming_is_forwarded_chunk_by_chunk(engines):
     eng = engines[0]
     eng.state.token_delay = 0.3

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from load import simulate_cli
-from load.sim import bench, workloads as W
-from load.sim.scenarios import get_scenario
+from load.sim import bench
+from load.sim import workloads as W
 from load.sim.report import KEYS
+from load.sim.scenarios import get_scenario
 
 
 def test_mooncake_replay_keeps_hash_blocks_and_scales_time():
@@ -56,7 +57,7 @@ def _run(policy, seed, limit=250, load=0.9):
     return m
 
 
-@pytest.mark.parametrize("policy", ["random", "least-queue", "oracle"])
+@pytest.mark.parametrize("policy", ["random", "least-queue", "oracle", "oracle-harm"])
 def test_same_seed_same_results(policy):
     a, b = _run(policy, 5), _run(policy, 5)
     assert a == b
@@ -75,6 +76,15 @@ def test_missed_slos_add_up_to_the_misses():
     assert m["ttft_miss_share"] > 0 and m["tpot_miss_share"] >= 0
     assert max(m["ttft_miss_share"], m["tpot_miss_share"]) <= missed + 1e-9
     assert missed <= m["ttft_miss_share"] + m["tpot_miss_share"] + 1e-9
+
+
+def test_harm_aware_oracle_keeps_running_requests_within_their_tpot_slo():
+    """Counting the requests a placement pushes over their TPOT SLO (oracle-harm) instead of only
+    the request's own latency (oracle): far fewer TPOT misses, many more requests within SLO."""
+    plain, harm = _run("oracle", 0, limit=300), _run("oracle-harm", 0, limit=300)
+    assert harm["tpot_miss_share"] < 0.5 * plain["tpot_miss_share"]
+    assert harm["slo_attainment"] > plain["slo_attainment"] + 0.1
+    assert 0 < harm["oracle_placements_with_a_miss"] < harm["requests"]
 
 
 def test_oracle_beats_random_on_ttft():

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from ..params import Plugin, gt, param
@@ -161,7 +162,32 @@ class PredictedLatencyProducer(Plugin):
         ctx.rows = rows_by_name
         return ctx, rows
 
-    def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None) -> None:
+    def decoding(self, endpoint: str, now: float) -> tuple:
+        """(decode time so far ms, TPOT so far ms, TPOT SLO ms) of each request with a TPOT SLO
+        dispatched to ``endpoint`` and not finished; (0, 0, SLO) until its first chunk. TPOT so far
+        is measured when the chunks carry token counts, else the TPOT predicted for it at dispatch."""
+        out = []
+        contexts = self._contexts
+        for rid, slo in self.running.requests(endpoint).items():
+            ctx = contexts.get(rid)
+            if ctx is None or slo <= 0 or ctx.dispatch is None:
+                continue
+            if not ctx.ttft_ms:   # not decoding yet: it will, behind nothing this request adds
+                out.append((0.0, 0.0, slo))
+                continue
+            elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
+            if elapsed <= 0:
+                continue
+            if ctx.tokens_known and ctx.tokens >= 2:
+                pace = elapsed / (ctx.tokens - 1)
+            else:
+                pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
+            if pace > 0:
+                out.append((elapsed, pace, slo))
+        return tuple(out)
+
+    def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None,
+               now: float = 0.0) -> None:
         if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
             self.counters["prediction_failures"] += 1
             return  # no attribute written; consumers fall back (B1.9)
@@ -186,7 +212,8 @@ class PredictedLatencyProducer(Plugin):
                 tpot_valid = p < buffered
                 tpot_headroom = buffered - p
             e.prediction = LatencyPrediction(t, p, ttft_headroom, tpot_headroom, ttft_valid, tpot_valid,
-                                             running.size(e.name), result.model_version, result.model_source)
+                                             running.size(e.name), result.model_version, result.model_source,
+                                             partial(self.decoding, e.name, now) if self.streaming_mode else ())
 
     def _rows_for_predictor(self, rows: list[dict]) -> list[dict]:
         if any("_no_metrics" in r for r in rows):
@@ -197,7 +224,7 @@ class PredictedLatencyProducer(Plugin):
         now = self.clock() if now is None else now
         ctx, rows = self._prepare(request, endpoints, now)
         if self.predict_in_produce and endpoints and self.predictor is not None:
-            self._apply(ctx, endpoints, self.predictor.predict_bulk(self._rows_for_predictor(rows)))
+            self._apply(ctx, endpoints, self.predictor.predict_bulk(self._rows_for_predictor(rows)), now)
         self._store(ctx, now)
 
     async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
@@ -205,7 +232,7 @@ class PredictedLatencyProducer(Plugin):
         ctx, rows = self._prepare(request, endpoints, now)
         if self.predict_in_produce and endpoints and self.predictor is not None:
             result = await self.predictor.apredict_bulk(self._rows_for_predictor(rows))
-            self._apply(ctx, endpoints, result)
+            self._apply(ctx, endpoints, result, now)
         self._store(ctx, now)
 
     # -- PreRequest ------------------------------------------------------------------

@@ -54,6 +54,10 @@ class RunningQueue:
             heapq.heappop(heap)
         return heap[0][0]
 
+    def requests(self, endpoint: str) -> dict[str, float]:
+        """The running requests on ``endpoint``: request id -> TPOT SLO (a live view; do not mutate)."""
+        return self._live.get(endpoint) or {}
+
     def endpoints(self) -> list[str]:
         return list(self._live)
 

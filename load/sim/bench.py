@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from . import workloads as W
 from .engine import ClusterConfig, Simulation
+from .harm_oracle import HarmOracleRouter
 from .lora_v1 import LoraV1Router
 from .report import summarize
 from .routers import NATIVE as _NATIVE
@@ -16,7 +17,7 @@ from .scenarios import Scenario
 
 #: multi-LoRA policies (docs/multi-lora.md): the v1 baseline here, the llm-d ones in epp_routers
 LORA_EPP_POLICIES = ("llmd-lora", "llmd-lora-history", "predicted-lora-history")
-NATIVE = {**_NATIVE, "lora-v1": LoraV1Router}
+NATIVE = {**_NATIVE, "lora-v1": LoraV1Router, "oracle-harm": HarmOracleRouter}
 
 EPP_POLICIES = ("llmd-default", "llmd-token-load", "predicted-upstream", "predicted-llmd", "predicted",
                 *LORA_EPP_POLICIES)
@@ -35,6 +36,7 @@ class RunOptions:
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     opt_in_share: float | None = None      # predicted policies: share of requests opted in to prediction
     true_latencies: bool = False           # predicted policies: the simulator's true latencies, no models
+    true_harm: bool = False                # predicted policies: harm plugins count the simulator's true harm
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
     flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
     flow_params: dict = field(default_factory=dict)     # program-aware-fairness parameters of their las/turn-priority

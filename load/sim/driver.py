@@ -124,6 +124,8 @@ class LifecycleRouter(BaseRouter):
         self.endpoints: list[Endpoint] = []
         self.by_name: dict[str, int] = {}
         self.current: SimRequest | None = None   # the request being scheduled (for the oracle)
+        self._streamed: dict[int, int] = {}        # request id -> tokens reported to the policy so far
+        self.streamed_tokens = 0                   # tokens reported after first chunks (on_chunk)
         self.tick_interval_s = learner.tick_interval_s if learner is not None else 0.0
 
     def bind(self, sim) -> None:
@@ -169,6 +171,8 @@ class LifecycleRouter(BaseRouter):
             headers[OPT_IN_HEADER] = "true"
         ireq = InferenceRequest(request_id=str(req.rid), headers=headers, priority=req.priority,
                                 input_tokens=req.input_len, target_model=req.lora, streaming=True)
+        if getattr(self.lifecycle, "producer", None) is not None:
+            self._stream_tokens(now)
         self.current = req
         try:
             res = self.lifecycle.schedule(ireq, eps, now=now)
@@ -178,6 +182,21 @@ class LifecycleRouter(BaseRouter):
             return None
         req.ctx = (ireq, res, hashes)
         return self.by_name[res.endpoint.name]
+
+    def _stream_tokens(self, now: float) -> None:
+        """Report the tokens every running request generated since the last report (``on_chunk``),
+        as a gateway does chunk by chunk; done lazily, when a decision is about to read them."""
+        assert self.sim is not None
+        streamed = self._streamed
+        for srv in self.sim.servers:
+            for r in srv.running:
+                if r.ctx is None or r.first_token_t < 0:
+                    continue
+                seen = streamed.get(r.rid, 1)   # the first chunk carried one token
+                if r.generated > seen:
+                    self.lifecycle.on_chunk(str(r.rid), now=now, tokens=r.generated - seen)
+                    self.streamed_tokens += r.generated - seen
+                    streamed[r.rid] = r.generated
 
     def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
         if req.ctx is None:
@@ -193,6 +212,7 @@ class LifecycleRouter(BaseRouter):
             self.lifecycle.on_first_chunk(str(req.rid), now=now, tokens=1)
 
     def on_finish(self, req: SimRequest, now: float) -> None:
+        self._streamed.pop(req.rid, None)
         if req.ctx is None:
             return
         if req.shed:
@@ -214,7 +234,8 @@ class LifecycleRouter(BaseRouter):
         if producer is not None:
             c = producer.counters
             out.update({"predictions": c.get("predictions", 0), "prediction_failures": c.get("prediction_failures", 0),
-                        "training_entries": self.sink.entries if self.sink is not None else 0})
+                        "training_entries": self.sink.entries if self.sink is not None else 0,
+                        "streamed_tokens": self.streamed_tokens})
             if self.sink is not None:
                 out.update(self.sink.accuracy())
         handler: Any = getattr(self.lifecycle, "profile_handler", None)

@@ -177,9 +177,18 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
         if opt_in and OPT_IN_HANDLER not in config:   # a user config with its own handler is used as is
             config = with_opt_in(config)
 
+        true_harm = None
+        if opts.true_harm:
+            from .harm_oracle import TrueHarm
+
+            true_harm = TrueHarm()
+
         def factory(rng, clock, wall):
-            return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
-                                         clock=clock, wall_clock=wall)
+            sched = Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
+                                          clock=clock, wall_clock=wall)
+            if true_harm is not None and not true_harm.install(sched):
+                raise ValueError("--true-harm: the config has no decode-harm-filter or decode-harm-scorer")
+            return sched
 
         where = ("the simulator's true latencies instead of models (the oracle's probe)"
                  if oracle_answers is not None else
@@ -195,6 +204,9 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
                          description=f"{what}; {recipe} recipe; {where}")
         if oracle_answers is not None:
             oracle_answers.bind(router)
+        if true_harm is not None:
+            true_harm.bind(router)
+            router.description += " (harm plugins: the simulator's true harm, --true-harm)"
         return router
     raise ValueError(f"unknown epp policy {policy!r}")
 

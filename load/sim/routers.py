@@ -100,16 +100,7 @@ class OracleScheduler(HeuristicScheduler):
             t = self._step_end(idx)
             srv.finish_step(t, None, None)
         srv.add(probe, now)
-        want = min(probe.output_len, 1 + self.decode_probe)
-        steps = 0
-        while probe.generated < want and steps < self.max_steps:
-            dur = srv.plan_step(t)
-            if dur <= 0:
-                break
-            t += dur
-            srv.finish_step(t, None, None)
-            steps += 1
-        self.forward_steps += steps
+        t = self._advance(srv, t, probe=probe, want=min(probe.output_len, 1 + self.decode_probe))
         if probe.first_token_t < 0:
             # extrapolate: remaining prompt tokens queued ahead at the full budget's pace
             spec = srv.spec
@@ -121,6 +112,25 @@ class OracleScheduler(HeuristicScheduler):
         gen_after = probe.generated - 1
         tpot = (t - probe.first_token_t) * 1000.0 / gen_after if gen_after > 0 else 0.0
         return ttft, tpot
+
+    def _advance(self, srv, t: float, until_t: float | None = None, probe: SimRequest | None = None,
+                 want: int = 0) -> float:
+        """Run the cloned server ``srv`` forward from ``t`` until ``probe`` has ``want`` tokens or
+        the clock passes ``until_t`` (at most ``max_steps`` steps); the time reached."""
+        steps = 0
+        while steps < self.max_steps:
+            if probe is not None and probe.generated >= want:
+                break
+            if until_t is not None and t >= until_t:
+                break
+            dur = srv.plan_step(t)
+            if dur <= 0:
+                break
+            t += dur
+            srv.finish_step(t, None, None)
+            steps += 1
+        self.forward_steps += steps
+        return t
 
     def _step_end(self, idx: int) -> float:
         return self._sim().servers[idx].busy_until

@@ -1,0 +1,69 @@
+"""The harm a placement does to the requests running there, in the simulator: the decode-harm
+plugins in the loop (fed by the producer's decode state, tokens streamed as a gateway does) and
+``simulate --true-harm`` (the same plugins counting the simulator's true harm)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epp_client.plugins.harm import DecodeHarmFilter
+from epp_client.wellknown import config_text
+from load import simulate_cli
+from load.sim import bench
+from load.sim.harm_oracle import TrueHarm
+from load.sim.scenarios import get_scenario
+
+
+@pytest.fixture(scope="module")
+def harm_config(tmp_path_factory):
+    """The recommended profile with the decode-harm-filter first."""
+    cfg = config_text("predicted-latency-recommended")
+    cfg = cfg.replace("- type: max-score-picker\n", "- type: max-score-picker\n- type: decode-harm-filter\n", 1)
+    cfg = cfg.replace("  - pluginRef: strict-affinity-filter\n",
+                      "  - pluginRef: decode-harm-filter\n  - pluginRef: strict-affinity-filter\n", 1)
+    path = tmp_path_factory.mktemp("cfg") / "harm.yaml"
+    path.write_text(cfg)
+    return path
+
+
+def _run(config: str, true_harm: bool):
+    sc = get_scenario("standard-small")
+    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm)
+    arr, cap = bench.prepare(sc, opts)
+    return bench.run_one(sc, arr, cap, 0.9, "predicted", opts)
+
+
+def _harm_filter(router) -> DecodeHarmFilter:
+    return next(f for p in router.lifecycle.profiles for f in p.filters if isinstance(f, DecodeHarmFilter))
+
+
+def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
+    m, _, router = _run(harm_config.read_text(), False)
+    f = _harm_filter(router)
+    assert 0 < f.filtered < m["requests"]     # it dropped endpoints, not on every decision
+    # tokens were streamed to the producer (its decode state measures the pace, not the prediction),
+    # at most every output token after the first chunk
+    assert 0 < m["streamed_tokens"] < sum(r.output_len for r in bench.prepare(get_scenario("standard-small"),
+                                                                              bench.RunOptions(limit=300))[0])
+
+
+def test_true_harm_replaces_the_estimate_and_helps(harm_config):
+    est, _, _ = _run(harm_config.read_text(), False)
+    true, _, router = _run(harm_config.read_text(), True)
+    assert _harm_filter(router).scores.__self__.__class__ is TrueHarm
+    assert true["slo_attainment"] > est["slo_attainment"]
+    assert "true harm" in router.description
+
+
+def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_path, capsys):
+    base = ["--scenario", "standard-small", "--limit", "20", "--load", "0.5", "--out", str(tmp_path), "--no-plots",
+            "--quiet", "--true-harm"]
+    assert simulate_cli.main([*base, "--policies", "predicted"]) == 2
+    assert "decode-harm-filter" in capsys.readouterr().err
+    assert simulate_cli.main([*base, "--policies", "random", "--epp-config", str(harm_config)]) == 2
+    assert "predicted policy" in capsys.readouterr().err
+    assert simulate_cli.main([*base, "--policies", "predicted", "--epp-config", str(harm_config)]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["true_harm"] is True
+    with pytest.raises(RuntimeError, match="outside a scheduling decision"):
+        TrueHarm().scores(None, [])
