@@ -172,7 +172,7 @@ class PredictedLatencyProducer(Plugin):
             ctx = contexts.get(rid)
             if ctx is None or slo <= 0 or ctx.dispatch is None:
                 continue
-            if not ctx.ttft_ms:   # not decoding yet: it will, behind nothing this request adds
+            if not ctx.ttft_ms:   # dispatched, no first chunk yet: it decodes through what comes next
                 out.append((0.0, 0.0, slo))
                 continue
             elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
