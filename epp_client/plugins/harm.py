@@ -46,18 +46,14 @@ def harmed(decoding: tuple, stall_ms: float, step_ms: float, pace_ms: float) -> 
     return n
 
 
-@plugin("decode-harm-filter", Filter)
-class DecodeHarmFilter(Plugin):
-    """``decode-harm-filter``: keep the endpoints where the request's prefill harms the fewest decodes."""
+class DecodeHarmCount(Plugin):
+    """What both plugins share: their parameters and the count per endpoint (:meth:`scores`)."""
 
     prefill_chunk_tokens: int = param("prefillChunkTokens", default=2048, check=gt(0),
                                       doc="prompt tokens the engine prefills per step (vLLM's max_num_batched_tokens)")
 
     own_miss: bool = param("countOwnMiss", default=True,
                            doc="add 1 where the request itself is predicted to miss its SLO")
-
-    def setup(self) -> None:
-        self.filtered = 0   # requests for which some candidate was dropped
 
     def scores(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         """Harm + own miss per endpoint with a prediction."""
@@ -80,6 +76,14 @@ class DecodeHarmFilter(Plugin):
             out[e.name] = harmed(pred.running_decodes(), stall, max(stall / steps, pace), pace) + int(own)
         return out
 
+
+@plugin("decode-harm-filter", Filter)
+class DecodeHarmFilter(DecodeHarmCount):
+    """``decode-harm-filter``: keep the endpoints where the request's prefill harms the fewest decodes."""
+
+    def setup(self) -> None:
+        self.filtered = 0   # requests for which some candidate was dropped
+
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         if len(endpoints) <= 1:
             return endpoints
@@ -94,7 +98,7 @@ class DecodeHarmFilter(Plugin):
 
 
 @plugin("decode-harm-scorer", Scorer)
-class DecodeHarmScorer(DecodeHarmFilter):
+class DecodeHarmScorer(DecodeHarmCount):
     """``decode-harm-scorer``: the filter's count as a score, 1 / (1 + count); 0 without a prediction."""
 
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 from .driver import LifecycleRouter, doc_note
 from .request import SimRequest
 from .routers import OracleScheduler
-from .server import ModelServer
 
 
 class HarmOracleScheduler(OracleScheduler):
@@ -32,16 +31,6 @@ class HarmOracleScheduler(OracleScheduler):
     def __init__(self, rng, decode_probe: int = 4, max_steps: int = 400) -> None:
         super().__init__(rng, decode_probe, max_steps)
         self.missed = 0   # placements where even the best candidate costs a miss (its own or another's)
-
-    def _start(self, idx: int, now: float) -> tuple[ModelServer, list[SimRequest], float]:
-        """A clone of server ``idx`` at the end of its step in progress, its requests, that time."""
-        src = self._sim().servers[idx]
-        srv = src.clone()
-        t = now
-        if srv._batch:
-            t = src.busy_until
-            srv.finish_step(t, None, None)
-        return srv, [*srv.running, *srv.waiting], t
 
     @staticmethod
     def _over_tpot(reqs: list[SimRequest], t: float) -> int:
@@ -55,15 +44,10 @@ class HarmOracleScheduler(OracleScheduler):
         return n
 
     def _harm_score(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
-        srv, running, t = self._start(idx, now)
-        probe = req.clone()
-        probe.reset_progress()
-        probe.hit_tokens = -1
-        srv.add(probe, now)
-        t_end = self._advance(srv, t, probe=probe, want=min(probe.output_len, 1 + self.decode_probe))
+        _, probe, t_end, running = self._run_with(idx, req, now)
         over_with = self._over_tpot(running, t_end)
-        base, base_running, t0 = self._start(idx, now)
-        over_without = self._over_tpot(base_running, self._advance(base, t0, until_t=t_end))
+        base, t0 = self._start(idx, now)
+        over_without = self._over_tpot([*base.running, *base.waiting], self._advance(base, t0, until_t=t_end))
         harm = max(0, over_with - over_without)
         if probe.first_token_t < 0:   # not even its first token within max_steps: as bad as it gets here
             own = float("inf")
@@ -113,12 +97,12 @@ class TrueHarm:
 
     def install(self, scheduler) -> int:
         """Point the harm plugins of ``scheduler``'s profiles at the true counts; how many."""
-        from epp_client.plugins.harm import DecodeHarmFilter
+        from epp_client.plugins.harm import DecodeHarmCount
 
         n = 0
         for profile in scheduler.profiles:
             for plugin in (*profile.filters, *(s for s, _ in profile.scorers)):
-                if isinstance(plugin, DecodeHarmFilter):
+                if isinstance(plugin, DecodeHarmCount):
                     plugin.scores = self.scores   # type: ignore[method-assign]
                     n += 1
         return n

@@ -18,6 +18,7 @@ from .request import SimRequest
 
 if TYPE_CHECKING:
     from .engine import Simulation
+    from .server import ModelServer
 
 
 class RandomRouter(LifecycleRouter):
@@ -88,19 +89,32 @@ class OracleScheduler(HeuristicScheduler):
         idx = self.route(self.driver.current, self._sim().now)   # the driver's simulation: bound together
         return [] if idx is None else [candidates[idx]]
 
-    def probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
-        """(TTFT ms, TPOT ms) of ``req`` on server ``idx`` from its true state (no later arrivals)."""
+    def _start(self, idx: int, now: float) -> tuple[ModelServer, float]:
+        """A clone of server ``idx`` and the time it starts from: the step in progress on the real
+        server ends at its scheduled time."""
         srv = self._sim().servers[idx].clone()
-        probe = req.clone()
-        probe.reset_progress()
-        probe.hit_tokens = -1
         t = now
-        # a step in progress on the real server ends at its scheduled time
         if srv._batch:
             t = self._step_end(idx)
             srv.finish_step(t, None, None)
+        return srv, t
+
+    def _run_with(self, idx: int, req: SimRequest, now: float) -> tuple[ModelServer, SimRequest, float, list]:
+        """Server ``idx`` cloned, a fresh copy of ``req`` added and run until its first token plus
+        ``decode_probe`` decode steps: (the clone, the copy, the time reached, the clone's requests
+        from before the copy was added)."""
+        srv, t = self._start(idx, now)
+        before = [*srv.running, *srv.waiting]
+        probe = req.clone()
+        probe.reset_progress()
+        probe.hit_tokens = -1
         srv.add(probe, now)
         t = self._advance(srv, t, probe=probe, want=min(probe.output_len, 1 + self.decode_probe))
+        return srv, probe, t, before
+
+    def probe(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+        """(TTFT ms, TPOT ms) of ``req`` on server ``idx`` from its true state (no later arrivals)."""
+        srv, probe, t, _ = self._run_with(idx, req, now)
         if probe.first_token_t < 0:
             # extrapolate: remaining prompt tokens queued ahead at the full budget's pace
             spec = srv.spec
