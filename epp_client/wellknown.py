@@ -81,6 +81,12 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: 68.4% / 38.4%); at weight 2 it herded a burst of new adapters onto the first servers to load
 #: them (``lora-spike`` at 100%, seeds 0-4: 24.5% against token-load's 26.1%; at 0.75 26.3%).
 #: Where no server serves adapters it scores every endpoint alike (0), so it changes nothing there.
+#: And this project's decode-harm-filter after the loose affinity filter: among the endpoints that
+#: cache the prompt about as well as the best, those where the request's prefill leaves the fewest
+#: running requests over their TPOT SLO, counting adapter loads and near-full KV caches too
+#: (``standard`` at 80% / 100%, seed 0: 94.0% / 70.1% against 91.6% / 58.6% without it;
+#: ``heterogeneous``, seeds 0-2, 90.8% at 80% against 82.9%; placed first it breaks prefix
+#: locality under overload and collapses: 18.4% at 100%; docs/plugins.md B2.9).
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n"
@@ -92,6 +98,9 @@ RECOMMENDED_CONFIG = (
              "  - pluginRef: lora-affinity-scorer\n    weight: 0.75\n"
              "  - pluginRef: kv-cache-utilization-scorer\n    weight: 1\n")
     .replace("weighted-random-picker", "max-score-picker")
+    .replace("- type: max-score-picker\n", "- type: max-score-picker\n- type: decode-harm-filter\n")
+    .replace("  - pluginRef: loose-affinity-filter\n",
+             "  - pluginRef: loose-affinity-filter\n  - pluginRef: decode-harm-filter\n")
 )
 
 #: name -> YAML text

@@ -11,17 +11,22 @@ from epp_client.types import LatencyPrediction
 from test_epp_producer import Clock, TablePredictor
 
 
-def test_a_stall_harms_the_decodes_it_pushes_over_their_slo_and_no_others():
-    # 4 s of prefill at 150 ms a token against a 30 ms pace: 1 s decoded at 80 ms is pushed over
-    # 100 ms; 60 s decoded at 40 ms keeps enough slack; one over its SLO either way is not harmed
-    tight, slack, late = (1_000.0, 80.0, 100.0), (60_000.0, 40.0, 100.0), (20_000.0, 300.0, 100.0)
-    assert harmed((tight,), 4_000.0, 150.0, 30.0) == 1
-    assert harmed((slack,), 4_000.0, 150.0, 30.0) == 0
-    assert harmed((late,), 4_000.0, 150.0, 30.0) == 0
-    # a request not decoding yet decodes at the prefill's pace: harmed when that pace is over its SLO
-    assert harmed(((0.0, 0.0, 100.0),), 4_000.0, 150.0, 30.0) == 1
-    assert harmed(((0.0, 0.0, 200.0),), 4_000.0, 150.0, 30.0) == 0
-    assert harmed((tight, slack, late), 0.0, 150.0, 30.0) == 0   # no stall, no harm
+def test_a_prefill_pushes_the_decodes_near_their_slo_over_it_and_no_others():
+    # 2 s of prefill in 4 steps (500 ms each) starting 1 s from now, 40 ms a step otherwise,
+    # judged 4 steps after it: 2,000 ms of decode at 80 ms a token (25 tokens) is pushed over 100 ms,
+    # 60 s at 40 ms keeps enough slack; 20 s at 300 ms is over with or without the prefill
+    tight, slack, late = (2_000.0, 80.0, 100.0), (60_000.0, 40.0, 100.0), (20_000.0, 300.0, 100.0)
+    assert harmed((tight,), 2_000.0, 4, 1_000.0, 40.0, 4) == 1
+    assert harmed((slack,), 2_000.0, 4, 1_000.0, 40.0, 4) == 0
+    assert harmed((late,), 2_000.0, 4, 1_000.0, 40.0, 4) == 1                 # counted: over with it
+    assert harmed((late,), 2_000.0, 4, 1_000.0, 40.0, 4, late=False) == 0     # not pushed over by it
+    assert harmed((tight,), 2_000.0, 4, 1_000.0, 40.0, 4, late=False) == 1
+    # a request not decoding yet starts as the queue drains: its first 8 tokens take 2.16 s
+    assert harmed(((0.0, 0.0, 100.0),), 2_000.0, 4, 1_000.0, 40.0, 4) == 1
+    assert harmed(((0.0, 0.0, 300.0),), 2_000.0, 4, 1_000.0, 40.0, 4) == 0
+    # a short prefill (one 100 ms step) harms nobody within its SLO
+    assert harmed((tight, slack, (0.0, 0.0, 100.0)), 100.0, 1, 1_000.0, 40.0, 4) == 0
+    assert harmed((tight, slack, late), 0.0, 4, 0.0, 40.0, 4) == 0            # no prefill, nothing counted
 
 
 def _endpoint(name, ttft, tpot, decoding, matched_blocks=0):
@@ -38,7 +43,7 @@ def _request(tokens=4096):
 
 
 def test_filter_keeps_the_endpoints_where_the_prefill_harms_fewest():
-    tight = (1_000.0, 60.0, 100.0)
+    tight = (1_000.0, 90.0, 100.0)
     a = _endpoint("a", 900.0, 40.0, [tight, tight])      # fastest, but two decodes near their SLO
     b = _endpoint("b", 1_000.0, 40.0, [(60_000.0, 30.0, 100.0)])
     c = _endpoint("c", 1_000.0, 40.0, [])
@@ -55,6 +60,30 @@ def test_filter_keeps_the_endpoints_where_the_prefill_harms_fewest():
     assert f.scores(_request(), [cached, fastest]) == {"a": 0, "c": 0}
 
 
+def test_an_adapter_load_counts_where_the_pool_serves_adapters():
+    def lora_endpoint(name, active, max_lora=2):
+        e = _endpoint(name, 900.0, 40.0, [])
+        e.metrics = EndpointMetrics(0.3, 0, 0, frozenset(active), frozenset(), max_lora)
+        return e
+
+    req = InferenceRequest(request_id="q", target_model="sql-lora", input_tokens=4096,
+                           headers={"x-llm-d-slo-ttft-ms": "5000", "x-llm-d-slo-tpot-ms": "100"})
+    eps = [lora_endpoint("a", {"sql-lora"}), lora_endpoint("b", {"x"}), lora_endpoint("c", {"x", "y"})]
+    assert DecodeHarmFilter().scores(req, eps) == {"a": 0, "b": 2, "c": 2}
+    assert DecodeHarmFilter.from_config({"adapterLoadCount": 0.5}).scores(req, eps) == {"a": 0, "b": 0.5, "c": 0.5}
+    assert [e.name for e in DecodeHarmFilter().filter(req, eps)] == ["a"]
+    # no adapter slots anywhere (a base-model pool): nothing added
+    assert DecodeHarmFilter().scores(req, [lora_endpoint("a", set(), 0), lora_endpoint("b", set(), 0)]) == {
+        "a": 0, "b": 0}
+
+
+def test_a_kv_cache_near_full_counts_one_more():
+    full, roomy = _endpoint("a", 900.0, 40.0, []), _endpoint("b", 900.0, 40.0, [])
+    full.metrics = EndpointMetrics(0.97, 0, 0)
+    assert DecodeHarmFilter().scores(_request(), [full, roomy]) == {"a": 1, "b": 0}
+    assert DecodeHarmFilter.from_config({"kvUsageThreshold": 1.0}).scores(_request(), [full, roomy]) == {"a": 0, "b": 0}
+
+
 def test_filter_and_scorer_without_predictions_change_nothing():
     f = DecodeHarmFilter()
     eps = [Endpoint(name="a"), Endpoint(name="b")]
@@ -62,7 +91,7 @@ def test_filter_and_scorer_without_predictions_change_nothing():
     one = [_endpoint("a", 900.0, 40.0, [(1_000.0, 60.0, 100.0)])]
     assert f.filter(_request(), one) == one
     s = DecodeHarmScorer()
-    mixed = [_endpoint("a", 900.0, 40.0, [(1_000.0, 60.0, 100.0)] * 3), _endpoint("b", 900.0, 40.0, []),
+    mixed = [_endpoint("a", 900.0, 40.0, [(1_000.0, 90.0, 100.0)] * 3), _endpoint("b", 900.0, 40.0, []),
              Endpoint(name="c")]
     assert s.score(_request(), mixed) == {"a": pytest.approx(0.25), "b": 1.0, "c": 0.0}
 

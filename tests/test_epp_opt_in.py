@@ -180,6 +180,10 @@ def test_well_known_configs_by_name(tmp_path):
     # llm-d's metric-only LoRA affinity at weight 0.75 (neutral where no adapter is loaded)
     assert isinstance(lora, LoraAffinityScorer) and not lora.request_history and w_lora == 0.75
     assert isinstance(prof.picker, MaxScorePicker)
+    # the decode-harm-filter right after the loose affinity filter (docs/plugins.md B2.9)
+    names = [type(f).__name__ for f in prof.filters]
+    assert names[names.index("DecodeHarmFilter") - 1:] == ["PrefixCacheAffinityFilter", "DecodeHarmFilter"]
+    assert prof.filters[-2].affinity_threshold == 0.80
     slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
     assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)
     assert slo.profiles[0].scorers[0][0].headroom_selection_strategy == "least"

@@ -17,9 +17,10 @@ from load.sim.scenarios import get_scenario
 
 @pytest.fixture(scope="module")
 def harm_config(tmp_path_factory):
-    """The recommended profile with the decode-harm-filter first."""
+    """The recommended profile with its decode-harm-filter moved first."""
     cfg = config_text("predicted-latency-recommended")
-    cfg = cfg.replace("- type: max-score-picker\n", "- type: max-score-picker\n- type: decode-harm-filter\n", 1)
+    assert "  - pluginRef: decode-harm-filter\n" in cfg
+    cfg = cfg.replace("  - pluginRef: decode-harm-filter\n", "", 1)
     cfg = cfg.replace("  - pluginRef: strict-affinity-filter\n",
                       "  - pluginRef: decode-harm-filter\n  - pluginRef: strict-affinity-filter\n", 1)
     path = tmp_path_factory.mktemp("cfg") / "harm.yaml"
@@ -59,7 +60,7 @@ def test_true_harm_replaces_the_estimate_and_helps(harm_config):
 def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_path, capsys):
     base = ["--scenario", "standard-small", "--limit", "20", "--load", "0.5", "--out", str(tmp_path), "--no-plots",
             "--quiet", "--true-harm"]
-    assert simulate_cli.main([*base, "--policies", "predicted"]) == 2
+    assert simulate_cli.main([*base, "--policies", "predicted", "--epp-config", "predicted-latency-slo"]) == 2
     assert "decode-harm-filter" in capsys.readouterr().err
     assert simulate_cli.main([*base, "--policies", "random", "--epp-config", str(harm_config)]) == 2
     assert "predicted policy" in capsys.readouterr().err

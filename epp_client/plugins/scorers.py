@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..params import Plugin, gt, one_of, param, within
-from ..types import ConfigError, Endpoint, InferenceRequest, LatencyPrediction
+from ..types import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, LatencyPrediction
 from .lora_history import LoraRequestHistory
 from .protocols import Scorer
 from .registry import plugin
@@ -217,6 +217,18 @@ class PrefixCacheScorer(Plugin):
         return out
 
 
+def lora_affinity(target: str, m: EndpointMetrics | None) -> float:
+    """The metric-only LoRA affinity of ``target`` on an endpoint: 1.0 active, 0.8 spare adapter
+    capacity, 0.6 waiting, else 0 (also without metrics)."""
+    if m is None:
+        return 0.0
+    if target in m.active_lora_adapters:
+        return 1.0
+    if len(m.active_lora_adapters) + len(m.waiting_lora_adapters) < m.max_active_lora:
+        return 0.8
+    return 0.6 if target in m.waiting_lora_adapters else 0.0
+
+
 @plugin("lora-affinity-scorer", Scorer)
 class LoraAffinityScorer(Plugin):
     """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0.
@@ -243,21 +255,7 @@ class LoraAffinityScorer(Plugin):
     def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         if self.history is not None:
             return self._score_with_history(self.history, request, endpoints)
-        target = request.target_model
-        out = {}
-        for e in endpoints:
-            m = e.metrics
-            if m is None:
-                out[e.name] = 0.0
-            elif target in m.active_lora_adapters:
-                out[e.name] = 1.0
-            elif len(m.active_lora_adapters) + len(m.waiting_lora_adapters) < m.max_active_lora:
-                out[e.name] = 0.8
-            elif target in m.waiting_lora_adapters:
-                out[e.name] = 0.6
-            else:
-                out[e.name] = 0.0
-        return out
+        return {e.name: lora_affinity(request.target_model, e.metrics) for e in endpoints}
 
     def _score_with_history(self, history: LoraRequestHistory, request: InferenceRequest,
                             endpoints: list[Endpoint]) -> dict[str, float]:
