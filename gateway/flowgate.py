@@ -83,8 +83,10 @@ class FlowGate:
         return getattr(self.inner, "prefix_producer", None)
 
     def bind_endpoints(self, states: list[EndpointState]) -> None:
-        """The gateway's endpoint states: saturation reads the candidates' scrapes."""
+        """The gateway's endpoint states: saturation reads the candidates' scrapes (every endpoint's
+        until a request names its candidates, so it is measured before the first request)."""
         self.by_name = {s.name: s for s in states}
+        self.states = list(states)
 
     # ---- the request path -----------------------------------------------------------------
     def schedule(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None):

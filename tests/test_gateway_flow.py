@@ -91,6 +91,7 @@ def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_pa
     srv = start(tmp_path, [e.url for e in engines],
                 BASE.format(ttl="400ms", policy="program-aware-fairness", cap=1))
     try:
+        saturate(srv.url, engines, 0)     # scraped and not saturated: what follows is measured, not assumed
         saturate(srv.url, engines, 20)
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(post, srv.url, "a")
