@@ -14,12 +14,14 @@ Modes (p50/p99/mean per request, in ms):
 
     python -m load.bench_epp                       # all modes, 16 endpoints
     python -m load.bench_epp --mode stub --requests 20000 --json out.json
+    python -m load.bench_epp --mode stub --config predicted-latency-recommended --inflight 256
     python -m load.bench_epp --mode prefix         # prefix index + scorer (load.bench_prefix)
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import json
 import os
@@ -32,6 +34,7 @@ import urllib.request
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.config import REFERENCE_CONFIG
+from epp_client.wellknown import config_text
 from epp_client.predictor import BulkPrediction, InProcessPredictor, PredictorClient
 from epp_client.scheduler import Scheduler
 from epp_client.training import ListSink
@@ -116,8 +119,26 @@ def _request(prefix: str, i: int, headers: dict, tokens: int, prio: int) -> Infe
     return InferenceRequest(request_id=f"{prefix}{i}", headers=dict(headers), input_tokens=tokens, priority=prio)
 
 
-def run_sync(sched: Scheduler, workload, warmup: int = 500) -> dict:
-    rec = _Recorder(warmup)
+class _InFlight:
+    """Requests kept running after their decision: each gets its first chunk at once and
+    completes ``n`` decisions later (0: at once), so plugins that read the requests running on
+    an endpoint (the decode-harm-filter) do their real work."""
+
+    def __init__(self, sched: Scheduler, n: int) -> None:
+        self.sched, self.n, self.live = sched, n, collections.deque()
+
+    def dispatched(self, request_id: str) -> None:
+        if self.n <= 0:
+            self.sched.on_complete(request_id)
+            return
+        self.sched.on_first_chunk(request_id, tokens=1)
+        self.live.append(request_id)
+        if len(self.live) > self.n:
+            self.sched.on_complete(self.live.popleft())
+
+
+def run_sync(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0) -> dict:
+    rec, running = _Recorder(warmup), _InFlight(sched, inflight)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
         req = _request("r", i, headers, tokens, prio)
         started = rec.start()
@@ -126,12 +147,12 @@ def run_sync(sched: Scheduler, workload, warmup: int = 500) -> dict:
             sched.pre_request(req, res)
         rec.stop(i, started)
         if res.ok:
-            sched.on_complete(req.request_id)
+            running.dispatched(req.request_id)
     return rec.summary()
 
 
-async def run_async(sched: Scheduler, workload, warmup: int = 500) -> dict:
-    rec = _Recorder(warmup)
+async def run_async(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0) -> dict:
+    rec, running = _Recorder(warmup), _InFlight(sched, inflight)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
         req = _request("a", i, headers, tokens, prio)
         started = rec.start()
@@ -140,7 +161,7 @@ async def run_async(sched: Scheduler, workload, warmup: int = 500) -> dict:
             sched.pre_request(req, res)
         rec.stop(i, started)
         if res.ok:
-            sched.on_complete(req.request_id)
+            running.dispatched(req.request_id)
     return rec.summary()
 
 
@@ -175,21 +196,23 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def bench(mode: str, n_requests: int, n_endpoints: int) -> dict:
+def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_CONFIG, inflight: int = 0) -> dict:
+    """``config``: EndpointPickerConfig YAML text (default llm-d's reference wiring); ``inflight``:
+    requests kept running per decision (stub and inprocess modes)."""
     workload = make_workload(n_requests, n_endpoints)
     out: dict = {}
     if mode in ("stub", "all"):
-        s = Scheduler.from_config(REFERENCE_CONFIG, predictor=StubPredictor(), sink=ListSink(1000),
-                                  rng=random.Random(1))
-        out["stub_sync"] = run_sync(s, workload)
-        out["stub_async"] = asyncio.run(run_async(s, workload))
+        s = Scheduler.from_config(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
+        out["stub_sync"] = run_sync(s, workload, inflight=inflight)
+        s = Scheduler.from_config(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
+        out["stub_async"] = asyncio.run(run_async(s, workload, inflight=inflight))
     if mode in ("inprocess", "all"):
         from features.loaded import LoadedBundle
 
         bundle = LoadedBundle.builtin_prior()
-        s = Scheduler.from_config(REFERENCE_CONFIG, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
+        s = Scheduler.from_config(config, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
                                   rng=random.Random(1))
-        out["inprocess_prior"] = run_sync(s, workload)
+        out["inprocess_prior"] = run_sync(s, workload, inflight=inflight)
     if mode in ("server", "all"):
         proc, url = start_prediction_server()
         try:
@@ -223,8 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoints", type=int, default=16)
     ap.add_argument("--fresh-index", action="store_true",
                     help="prefix mode: time from a fresh index (the LRUs still growing) instead of full LRUs")
+    ap.add_argument("--config", default=None,
+                    help="EndpointPickerConfig YAML file or well-known name (default: llm-d's reference wiring)")
+    ap.add_argument("--inflight", type=int, default=0,
+                    help="stub/inprocess modes: requests kept running (first chunk received), each completed this "
+                         "many decisions after its own; 0 completes each at once")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
+    if args.inflight < 0:
+        ap.error("--inflight must be >= 0")
     if args.mode == "prefix":
         return _main_prefix(args)
     if args.requests is None:
@@ -232,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests <= 500:
         ap.error("--requests must be > 500 (the first 500 are warm-up)")
     res = {"endpoints": args.endpoints, "requests": args.requests, "python": sys.version.split()[0],
-           "results": bench(args.mode, args.requests, args.endpoints)}
+           "config": args.config or "llm-d reference", "inflight": args.inflight,
+           "results": bench(args.mode, args.requests, args.endpoints,
+                            config_text(args.config) if args.config else REFERENCE_CONFIG, args.inflight)}
     for name, r in res["results"].items():
         extra = f"  fallbacks={r['fallbacks']}" if "fallbacks" in r else ""
         print(f"{name:16s} n={r['n']:6d}  wall p50={r['p50_ms']:.3f} p99={r['p99_ms']:.3f} "
