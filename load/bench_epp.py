@@ -34,10 +34,10 @@ import urllib.request
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.config import REFERENCE_CONFIG
-from epp_client.wellknown import config_text
 from epp_client.predictor import BulkPrediction, InProcessPredictor, PredictorClient
 from epp_client.scheduler import Scheduler
 from epp_client.training import ListSink
+from epp_client.wellknown import config_text
 from load.ports import free_port
 
 
