@@ -85,7 +85,7 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: cache the prompt about as well as the best, those where the request's prefill leaves the fewest
 #: running requests over their TPOT SLO, counting adapter loads and near-full KV caches too
 #: (``standard`` at 80% / 100%, seed 0: 94.0% / 70.1% against 91.6% / 58.6% without it;
-#: ``heterogeneous``, seeds 0-2, 90.8% at 80% against 82.9%; placed first it breaks prefix
+#: ``heterogeneous``, seeds 0-2, 90.7% / 60.8% against 82.9% / 44.1%; placed first it breaks prefix
 #: locality under overload and collapses: 18.4% at 100%; docs/plugins.md B2.9).
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
