@@ -202,8 +202,14 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 raise ValueError(f"--epp-config: {e}") from None
             build_scheduler(epp_config)     # validate now: ConfigError names the bad key
-        if args.true_harm and (epp_config is None or "decode-harm-" not in epp_config):
-            raise ValueError("--true-harm needs an --epp-config with a decode-harm-filter or decode-harm-scorer")
+        if args.true_harm:
+            from load.sim.epp_routers import PREDICTED_CONFIGS
+
+            without = [p for p in policies if p in PREDICTED_CONFIGS
+                       and "decode-harm-" not in (epp_config or PREDICTED_CONFIGS[p][0])]
+            if without:
+                raise ValueError(f"--true-harm: the config of {', '.join(without)} has no decode-harm-filter or "
+                                 "decode-harm-scorer (give one with --epp-config)")
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2

@@ -65,6 +65,7 @@ def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_p
     assert simulate_cli.main([*base, "--policies", "random", "--epp-config", str(harm_config)]) == 2
     assert "predicted policy" in capsys.readouterr().err
     assert simulate_cli.main([*base, "--policies", "predicted", "--epp-config", str(harm_config)]) == 0
+    assert simulate_cli.main([*base, "--policies", "predicted"]) == 0    # the recommended profile has the filter
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["true_harm"] is True
     with pytest.raises(RuntimeError, match="outside a scheduling decision"):
         TrueHarm().scores(None, [])
