@@ -8,6 +8,7 @@ import json
 import pytest
 
 from epp_client.plugins.harm import DecodeHarmFilter
+from epp_client.types import Endpoint
 from epp_client.wellknown import config_text
 from load import simulate_cli
 from load.sim import bench
@@ -28,9 +29,9 @@ def harm_config(tmp_path_factory):
     return path
 
 
-def _run(config: str, true_harm: bool):
+def _run(config: str, true_harm: str, probe: int = 4):
     sc = get_scenario("standard-small")
-    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm)
+    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm, true_harm_probe=probe)
     arr, cap = bench.prepare(sc, opts)
     return bench.run_one(sc, arr, cap, 0.9, "predicted", opts)
 
@@ -40,7 +41,7 @@ def _harm_filter(router) -> DecodeHarmFilter:
 
 
 def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
-    m, _, router = _run(harm_config.read_text(), False)
+    m, _, router = _run(harm_config.read_text(), "")
     f = _harm_filter(router)
     assert 0 < f.filtered < m["requests"]     # it dropped endpoints, not on every decision
     # tokens were streamed to the producer (its decode state measures the pace, not the prediction),
@@ -50,11 +51,38 @@ def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
 
 
 def test_true_harm_replaces_the_estimate_and_helps(harm_config):
-    est, _, _ = _run(harm_config.read_text(), False)
-    true, _, router = _run(harm_config.read_text(), True)
+    est, _, _ = _run(harm_config.read_text(), "")
+    true, _, router = _run(harm_config.read_text(), "all")
     assert _harm_filter(router).scores.__self__.__class__ is TrueHarm
     assert true["slo_attainment"] > est["slo_attainment"]
-    assert "true harm" in router.description
+    assert "true harm, --true-harm all, judged 4 decode steps" in router.description
+
+
+def test_true_harm_parts_replace_one_term_of_the_estimate(harm_config):
+    """``harm`` / ``own``: the filter's parts come from the truth for that term only; each run
+    decides differently from the estimate and from the other."""
+    runs = {part: _run(harm_config.read_text(), part) for part in ("", "harm", "own")}
+    assert len({m["slo_attainment"] for m, _, _ in runs.values()}) == 3
+    for part in ("harm", "own"):
+        f = _harm_filter(runs[part][2])
+        assert "parts" in vars(f) and "scores" not in vars(f)   # the estimate's parts, one term swapped
+        assert f"--true-harm {part}," in runs[part][2].description
+
+
+def test_true_harm_mixes_the_true_term_into_the_estimate():
+    """The mixing itself: the estimate's (harm, own, rest) per endpoint with the true term in its place."""
+    estimate = {"a": (3.0, 1.0, 2.0), "b": (0.0, 0.0, 0.0)}
+    true = {"a": (1, False), "b": (2, True)}
+    for part, want in (("harm", {"a": (1.0, 1.0, 2.0), "b": (2.0, 0.0, 0.0)}),
+                       ("own", {"a": (3.0, 0.0, 2.0), "b": (0.0, 1.0, 0.0)})):
+        th = TrueHarm(part)
+        th._true = lambda request, endpoints: {e.name: true[e.name] for e in endpoints}   # type: ignore[method-assign]
+        mixed = th._mixer(lambda request, endpoints: dict(estimate))
+        assert mixed(None, [Endpoint("a"), Endpoint("b")]) == want
+    with pytest.raises(ValueError, match="part 'some'"):
+        TrueHarm("some")
+    with pytest.raises(ValueError, match="at least 1"):
+        TrueHarm("all", probe=0)
 
 
 def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_path, capsys):
@@ -66,6 +94,14 @@ def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_p
     assert "predicted policy" in capsys.readouterr().err
     assert simulate_cli.main([*base, "--policies", "predicted", "--epp-config", str(harm_config)]) == 0
     assert simulate_cli.main([*base, "--policies", "predicted"]) == 0    # the recommended profile has the filter
-    assert json.loads((tmp_path / "results.json").read_text())["meta"]["true_harm"] is True
+    meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+    assert (meta["true_harm"], meta["true_harm_probe"]) == ("all", 4)
+    assert simulate_cli.main([*base, "own", "--true-harm-probe", "16", "--policies", "predicted"]) == 0
+    meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+    assert (meta["true_harm"], meta["true_harm_probe"]) == ("own", 16)
+    assert simulate_cli.main([*base[:-1], "--true-harm-probe", "16", "--policies", "predicted"]) == 2
+    assert "goes with --true-harm" in capsys.readouterr().err
+    assert simulate_cli.main([*base, "--true-harm-probe", "0", "--policies", "predicted"]) == 2
+    assert "at least 1" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="outside a scheduling decision"):
         TrueHarm().scores(None, [])

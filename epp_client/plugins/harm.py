@@ -96,8 +96,9 @@ class DecodeHarmCount(Plugin):
                              doc="count the running requests over their TPOT SLO with the placement; false: only "
                                  "those it pushes over")
 
-    def scores(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        """The count per endpoint with a prediction: harm, own miss, adapter load, near-full KV cache."""
+    def parts(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, tuple[float, float, float]]:
+        """Per endpoint with a prediction, the count's three terms: (running requests harmed, 1 if
+        the request itself is predicted to miss its SLO there, adapter load + near-full KV cache)."""
         with_pred = [e for e in endpoints if e.prediction is not None]
         if not with_pred:
             return {}
@@ -105,7 +106,7 @@ class DecodeHarmCount(Plugin):
         best = min(with_pred, key=lambda e: e.prediction.ttft_ms)   # type: ignore[union-attr]
         best_ttft = best.prediction.ttft_ms                          # type: ignore[union-attr]
         best_uncached = max(1, uncached_prompt_tokens(best, prompt))
-        out: dict[str, float] = {}
+        out: dict[str, tuple[float, float, float]] = {}
         for e in with_pred:
             pred = e.prediction
             assert pred is not None
@@ -119,8 +120,12 @@ class DecodeHarmCount(Plugin):
             harm = harmed(decoding, prefill, steps, pred.ttft_ms - prefill, pace, self.probe_steps, self.count_late)
             load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
             full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
-            out[e.name] = harm + int(own) + load + int(full)
+            out[e.name] = (float(harm), float(own), load + int(full))
         return out
+
+    def scores(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        """The count per endpoint with a prediction: harm, own miss, adapter load, near-full KV cache."""
+        return {name: sum(terms) for name, terms in self.parts(request, endpoints).items()}
 
 
 @plugin("decode-harm-filter", Filter)

@@ -181,7 +181,7 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
         if opts.true_harm:
             from .harm_oracle import TrueHarm
 
-            true_harm = TrueHarm()
+            true_harm = TrueHarm(opts.true_harm, opts.true_harm_probe)
 
         def factory(rng, clock, wall):
             sched = Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
@@ -206,7 +206,8 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             oracle_answers.bind(router)
         if true_harm is not None:
             true_harm.bind(router)
-            router.description += " (harm plugins: the simulator's true harm, --true-harm)"
+            router.description += (f" (harm plugins: the simulator's true harm, --true-harm {opts.true_harm}, "
+                                   f"judged {opts.true_harm_probe} decode steps past the first token)")
         return router
     raise ValueError(f"unknown epp policy {policy!r}")
 

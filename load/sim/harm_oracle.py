@@ -79,18 +79,31 @@ class HarmOracleRouter(LifecycleRouter):
                          seed, description=doc_note(HarmOracleScheduler))
 
 
-class TrueHarm:
-    """``simulate --true-harm``: every ``decode-harm-filter`` / ``decode-harm-scorer`` of a
-    predicted policy counts with the simulator's true harm instead of its estimate: per
-    candidate, :meth:`HarmOracleScheduler._harm_score`'s count (requests pushed over their
-    TPOT SLO plus the request's own miss). What a better harm estimate could give a profile,
-    as ``--true-latencies`` is for the latency predictions."""
+TRUE_HARM_PARTS = ("all", "harm", "own")
 
-    def __init__(self) -> None:
+
+class TrueHarm:
+    """``simulate --true-harm [PART]``: the ``decode-harm-filter`` / ``decode-harm-scorer`` of a
+    predicted policy count with the simulator's truth instead of their estimate, to see what a
+    better estimate could give a profile (as ``--true-latencies`` does for the latency
+    predictions). Per candidate, from :meth:`HarmOracleScheduler._harm_score` (the server
+    simulated forward ``probe`` decode steps past the request's first token):
+
+    - ``all``: the true count alone (requests pushed over their TPOT SLO plus the request's own miss);
+    - ``harm``: the true requests pushed over in place of the estimated harm term, the plugin's
+      own-miss, adapter and KV terms as estimated;
+    - ``own``: the request's true own miss in place of the predicted one, the rest as estimated."""
+
+    def __init__(self, part: str = "all", probe: int = 4) -> None:
         import random
 
+        if part not in TRUE_HARM_PARTS:
+            raise ValueError(f"true harm: part {part!r} is not one of {', '.join(TRUE_HARM_PARTS)}")
+        if probe < 1:
+            raise ValueError(f"true harm: probe must be at least 1 decode step, got {probe}")
+        self.part = part
         self.router: LifecycleRouter | None = None
-        self.oracle = HarmOracleScheduler(random.Random(0))
+        self.oracle = HarmOracleScheduler(random.Random(0), decode_probe=probe)
 
     def bind(self, router: LifecycleRouter) -> None:
         self.router = router
@@ -103,15 +116,34 @@ class TrueHarm:
         for profile in scheduler.profiles:
             for plugin in (*profile.filters, *(s for s, _ in profile.scorers)):
                 if isinstance(plugin, DecodeHarmCount):
-                    plugin.scores = self.scores   # type: ignore[method-assign]
+                    if self.part == "all":
+                        plugin.scores = self.scores   # type: ignore[method-assign]
+                    else:
+                        plugin.parts = self._mixer(plugin.parts)   # type: ignore[method-assign]
                     n += 1
         return n
 
-    def scores(self, request, endpoints) -> dict[str, float]:
+    def _true(self, request, endpoints) -> dict[str, tuple[int, bool]]:
+        """Per endpoint: (requests the placement pushes over their TPOT SLO, the request's own miss)."""
         router = self.router
         if router is None or router.sim is None or router.current is None:
             raise RuntimeError("true harm: asked outside a scheduling decision of a bound router")
         self.oracle.bind(router.sim, router)
         now = router.sim.now
-        return {e.name: float(self.oracle._harm_score(router.by_name[e.name], router.current, now)[0])
-                for e in endpoints}
+        out = {}
+        for e in endpoints:
+            count, own = self.oracle._harm_score(router.by_name[e.name], router.current, now)
+            out[e.name] = (int(count) - (own > 1.0), own > 1.0)
+        return out
+
+    def scores(self, request, endpoints) -> dict[str, float]:
+        return {name: float(harm + own) for name, (harm, own) in self._true(request, endpoints).items()}
+
+    def _mixer(self, estimate):
+        def parts(request, endpoints):
+            est = estimate(request, endpoints)
+            true = self._true(request, [e for e in endpoints if e.name in est])
+            if self.part == "harm":
+                return {n: (float(true[n][0]), own, rest) for n, (_, own, rest) in est.items()}
+            return {n: (harm, float(true[n][1]), rest) for n, (harm, _, rest) in est.items()}
+        return parts
