@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from load.sim import bench, flowsim, parallel
+from load.sim.harm_oracle import TRUE_HARM_PARTS
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
 
@@ -47,14 +48,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="predicted policies: answer the producer with the simulator's true per-endpoint latencies "
                         "(the oracle's forward probe) instead of models, to see how much better predictions could "
                         "give a profile (slower: a forward simulation per candidate)")
-    p.add_argument("--true-harm", nargs="?", const="all", default="", choices=("all", "harm", "own"),
+    p.add_argument("--true-harm", nargs="?", const="all", default="", choices=TRUE_HARM_PARTS,
                    metavar="PART",
                    help="predicted policies: the config's decode-harm-filter / decode-harm-scorer count the "
                         "simulator's truth instead of their estimate (load/sim/harm_oracle.py; slower): all (the "
                         "default) the true count alone (requests a placement pushes over their TPOT SLO plus the "
                         "request's own miss), harm only the requests pushed over, own only the request's own miss")
-    p.add_argument("--true-harm-probe", type=int, default=4, metavar="STEPS",
-                   help="with --true-harm: the decode steps past the request's first token the truth is judged at")
+    p.add_argument("--true-harm-probe", type=int, default=None, metavar="STEPS",
+                   help="with --true-harm: the decode steps past the request's first token the truth is judged at "
+                        "(default 4)")
     p.add_argument("--record-trace", default=None,
                    help="write the training entries that epp_client's producer emits during the run (llm-d "
                         "policies only) to this JSONL file, in the wire format of /add_training_data_bulk")
@@ -188,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             if not any(p in bench.PREDICTED_POLICIES for p in policies):
                 raise ValueError("--true-latencies needs a predicted policy: one of "
                                  + ", ".join(bench.PREDICTED_POLICIES))
-        if args.true_harm_probe < 1:
-            raise ValueError(f"--true-harm-probe: at least 1 decode step, got {args.true_harm_probe}")
-        if args.true_harm_probe != 4 and not args.true_harm:
-            raise ValueError("--true-harm-probe goes with --true-harm")
+        if args.true_harm_probe is not None:
+            if not args.true_harm:
+                raise ValueError("--true-harm-probe goes with --true-harm")
+            if args.true_harm_probe < 1:
+                raise ValueError(f"--true-harm-probe: at least 1 decode step, got {args.true_harm_probe}")
+        probe = 4 if args.true_harm_probe is None else args.true_harm_probe
         if args.true_harm and not any(p in bench.PREDICTED_POLICIES for p in policies):
             raise ValueError("--true-harm needs a predicted policy: one of " + ", ".join(bench.PREDICTED_POLICIES))
         if args.opt_in_share is not None:
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                             training_url=args.training_url, retrain_interval_s=args.retrain_interval,
                             record_trace=trace, epp_config=epp_config, opt_in_share=args.opt_in_share,
                             true_latencies=args.true_latencies, true_harm=args.true_harm,
-                            true_harm_probe=args.true_harm_probe,
+                            true_harm_probe=probe,
                             flow_ttl_s=args.flow_ttl, flow_detector=detector, flow_params=flow_params,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"true_latencies": True} if args.true_latencies else {}),
-            **({"true_harm": args.true_harm, "true_harm_probe": args.true_harm_probe} if args.true_harm else {}),
+            **({"true_harm": args.true_harm, "true_harm_probe": opts.true_harm_probe} if args.true_harm else {}),
             **({"native_load": native_note} if native_note else {}),
             **({"flow_params": opts.flow_params} if opts.flow_params else {}),
             "wall_s": {f"{lab}|{p}": w for (lab, p), (w, _) in wall.items()},

@@ -36,7 +36,7 @@ class RunOptions:
     epp_config: str | None = None          # EndpointPickerConfig YAML for the predicted policies
     opt_in_share: float | None = None      # predicted policies: share of requests opted in to prediction
     true_latencies: bool = False           # predicted policies: the simulator's true latencies, no models
-    true_harm: str = ""                   # predicted policies: harm plugins count the simulator's true harm:
+    true_harm: str = ""                    # predicted policies: harm plugins count the simulator's true harm:
                                            # "all", "harm" or "own" (harm_oracle.TRUE_HARM_PARTS); "": off
     true_harm_probe: int = 4               # decode steps past the first token the true harm is judged at
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
