@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--true-harm-probe goes with --true-harm")
             if args.true_harm_probe < 1:
                 raise ValueError(f"--true-harm-probe: at least 1 decode step, got {args.true_harm_probe}")
-        probe = 4 if args.true_harm_probe is None else args.true_harm_probe
+        probe = bench.RunOptions.true_harm_probe if args.true_harm_probe is None else args.true_harm_probe
         if args.true_harm and not any(p in bench.PREDICTED_POLICIES for p in policies):
             raise ValueError("--true-harm needs a predicted policy: one of " + ", ".join(bench.PREDICTED_POLICIES))
         if args.opt_in_share is not None:
