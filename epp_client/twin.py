@@ -1,0 +1,162 @@
+"""An engine twin: one model server's continuous batching run forward from what the router knows.
+
+The ``decode-harm-filter`` asks, per candidate endpoint: if this request lands there, how many of
+the requests running there end up over their TPOT SLO because of it, and does the request itself
+meet its SLO? The twin answers by stepping a vLLM-like engine forward from the router's own view
+of the endpoint (the requests it dispatched there and has not seen finish):
+
+- each step, every decoding request generates one token; the remaining per-step token budget
+  (``budget``, vLLM's ``max_num_batched_tokens``) goes to the prefills in dispatch order (chunked:
+  a prompt larger than what is left continues next step); a prompt whose last chunk ran
+  produces its first token at the end of that step and decodes from the next;
+- a step takes :meth:`StepModel.ms` of its batch;
+- nobody finishes: the router does not know output lengths (and does not need them: the
+  simulator's oracle, blind to them, routes as well as with them; docs/evaluation.md §4).
+
+:func:`placement` runs it twice, with the request appended to the queue until its first token
+plus ``probe`` decode steps, and without it to the same moment; the harm is how many more
+requests are over their TPOT SLO then (TPOT so far: decode time over tokens after the first).
+Pure functions over tuples, no clock, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Running(NamedTuple):
+    """A request the router has running on an endpoint, as the twin sees it."""
+
+    decode_ms: float        # time since its first token (0 before it)
+    tokens: int             # tokens generated so far (0 before the first)
+    tpot_slo_ms: float      # 0: none (it loads the engine but is never counted)
+    context: int            # tokens in its KV cache once prefilled (prompt + generated)
+    prefill: int = 0        # prompt tokens still to prefill (0 once it decodes)
+    queued_ms: float = 0.0  # how long it has been first in the queue (its prefill under way)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Duration of one engine step, linear in its batch::
+
+        ms = fixed + per_token * tokens + per_context_token * (context of the decodes)
+             + decode * [any decode] + per_prefill_pair * (causal token pairs of the prefill chunks)
+
+    The defaults are the least-squares fit of the measured Llama-3-8B / A100 step times
+    (``load/data/step-time``) over batches of up to 80 decodes and 2,048 tokens; ``speed``
+    divides every step (2: a server twice as fast)."""
+
+    fixed_ms: float = 2.93
+    per_token_ms: float = 0.0651
+    per_context_token_ms: float = 7.37e-5
+    decode_ms: float = 8.09
+    per_prefill_pair_ms: float = 3.37e-6
+    speed: float = 1.0
+
+    def ms(self, tokens: float, context: float, decodes: int, pairs: float) -> float:
+        t = (self.fixed_ms + self.per_token_ms * tokens + self.per_context_token_ms * context
+             + (self.decode_ms if decodes else 0.0) + self.per_prefill_pair_ms * pairs)
+        return max(t, 0.1) / self.speed
+
+
+class Outcome(NamedTuple):
+    harm: int               # running requests over their TPOT SLO with the request and not without
+    ttft_ms: float          # the request's first token, from now (inf: not within max_steps)
+    tpot_ms: float          # its TPOT over the probe steps
+
+
+def _over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int) -> int:
+    """How many of ``running`` are over their TPOT SLO at ``t`` after ``steps`` steps."""
+    n = 0
+    for i, r in enumerate(running):
+        if r.tpot_slo_ms <= 0:
+            continue
+        if r.prefill <= 0 and r.tokens >= 1:
+            k = r.tokens - 1 + steps
+            if k >= 1 and (r.decode_ms + t) / k > r.tpot_slo_ms:
+                n += 1
+        elif i in firsts:
+            tf, sf = firsts[i]
+            k = steps - sf
+            if k >= 1 and (t - tf) / k > r.tpot_slo_ms:
+                n += 1
+    return n
+
+
+def forward(model: StepModel, budget: int, running: tuple[Running, ...], new: Running | None = None,
+            probe: int = 4, until_ms: float | None = None, max_steps: int = 4000
+            ) -> tuple[float, int, dict[int, tuple[float, int]]]:
+    """Step the engine from now until ``new`` (queued last) has its first token plus ``probe``
+    decode steps, else until ``until_ms``, else until nothing is left to prefill; at most
+    ``max_steps``. Returns (time reached ms, steps, {index in ``running`` + [new]: (first token
+    time, step)} of the prompts prefilled)."""
+    reqs = (*running, new) if new is not None else running
+    left = [max(0, r.prefill) for r in reqs]
+    done = [max(0, r.context - n) for r, n in zip(reqs, left)]
+    queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
+    queued = set(queue)
+    decodes = len(reqs) - len(queue)
+    context = float(sum(done[i] for i in range(len(reqs)) if i not in queued))
+    for i in queue:   # the prefill under way: the full steps since it reached the head of the queue
+        r = reqs[i]
+        if r.queued_ms > 0 and left[i] > 1:
+            room = max(1, budget - decodes)
+            per_step = model.ms(budget, context, decodes, room * (done[i] + room / 2.0))
+            ran = min(left[i] - 1, int(r.queued_ms // per_step) * room)
+            left[i] -= ran
+            done[i] += ran
+    firsts: dict[int, tuple[float, int]] = {}
+    new_i = len(reqs) - 1 if new is not None else -1
+    t, steps, head = 0.0, 0, 0
+    while steps < max_steps:
+        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
+        j = head
+        while j < len(queue) and room > 0:
+            i = queue[j]
+            n = max(1, min(left[i], room))          # a fully cached prompt still takes a step
+            pairs += n * (done[i] + n / 2.0)
+            left[i] -= n
+            done[i] += n
+            room -= n
+            tokens += n
+            if left[i] <= 0:
+                ready.append(i)
+            j += 1
+        if tokens <= 0:
+            break
+        t += model.ms(tokens, context, decodes, pairs)
+        steps += 1
+        context += decodes
+        for i in ready:
+            firsts[i] = (t, steps)
+            decodes += 1
+            context += done[i] + 1
+        while head < len(queue) and left[queue[head]] <= 0:
+            head += 1
+        if new is not None:
+            if new_i in firsts and steps - firsts[new_i][1] >= probe:
+                break
+        elif until_ms is not None and t >= until_ms:
+            break
+        elif until_ms is None and head >= len(queue):
+            break
+    return t, steps, firsts
+
+
+def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,
+              probe: int = 4, max_steps: int = 4000) -> Outcome:
+    """The request (``prompt_tokens``, of which ``cached_tokens`` are in the endpoint's cache)
+    placed on an endpoint running ``running``: :class:`Outcome`."""
+    uncached = max(1, prompt_tokens - cached_tokens)
+    new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
+    t, steps, firsts = forward(model, budget, running, new, probe, max_steps=max_steps)
+    with_it = _over(running, firsts, t, steps)
+    i = len(running)
+    if i not in firsts:
+        return Outcome(with_it, float("inf"), float("inf"))
+    tf, sf = firsts[i]
+    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
+    if not running:
+        return Outcome(0, tf, tpot)
+    t0, steps0, firsts0 = forward(model, budget, running, None, probe, until_ms=t, max_steps=max_steps)
+    return Outcome(max(0, with_it - _over(running, firsts0, t0, steps0)), tf, tpot)
