@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .params import Plugin, ge, gt, param
 from .plugins.protocols import InFlightLoadProducer
 from .plugins.registry import plugin
-from .types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad
+from .types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad, uncached_prompt_tokens
 
 
 @dataclass
@@ -37,14 +37,6 @@ class _Entry:
     profile: str
     tokens: int
     requests: int = 1
-
-
-def uncached_prompt_tokens(endpoint: Endpoint, input_tokens: int) -> int:
-    pm = endpoint.prefix_match
-    if pm is None:
-        return input_tokens
-    total = pm.total_blocks * pm.block_size_tokens
-    return (pm.total_blocks - pm.match_blocks) * pm.block_size_tokens + max(0, input_tokens - total)
 
 
 @plugin("inflight-load-producer", InFlightLoadProducer)

@@ -87,9 +87,10 @@ class LatencyPrediction:
     dispatched_request_count: int = 0
     model_version: str = ""
     model_source: str = ""  # "learned", "prior", or "" when the predictor did not say
-    #: the requests this router has running on the endpoint, with a TPOT SLO: (decode time so far
-    #: ms, TPOT so far ms, TPOT SLO ms) each, (0, 0, SLO) before the first token; streaming mode
-    #: only. A tuple, or a function computing it on first use (:meth:`running_decodes`)
+    #: the requests this router has running on the endpoint, in dispatch order, as the engine twin
+    #: sees them (:class:`epp_client.twin.Running`: decode time and tokens so far, TPOT SLO, context,
+    #: prompt tokens still to prefill); streaming mode only. A tuple, or a function computing it on
+    #: first use (:meth:`running_decodes`)
     decoding: Any = ()
 
     def running_decodes(self) -> tuple:
@@ -210,3 +211,13 @@ def rank_endpoints(pod: str, address: str, target_ports: list[int], annotations:
             break
     return [Endpoint(name=f"{pod}-rank-{i}", address=address, port=port, rank=i, labels=dict(labels or {}))
             for i, port in enumerate(target_ports) if active is None or port in active]
+
+
+def uncached_prompt_tokens(endpoint: Endpoint, input_tokens: int) -> int:
+    """The prompt tokens ``endpoint`` would prefill: those of the blocks its prefix match does not
+    cover (all of them without a match)."""
+    pm = endpoint.prefix_match
+    if pm is None:
+        return input_tokens
+    total = pm.total_blocks * pm.block_size_tokens
+    return (pm.total_blocks - pm.match_blocks) * pm.block_size_tokens + max(0, input_tokens - total)

@@ -82,11 +82,14 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: them (``lora-spike`` at 100%, seeds 0-4: 24.5% against token-load's 26.1%; at 0.75 26.3%).
 #: Where no server serves adapters it scores every endpoint alike (0), so it changes nothing there.
 #: And this project's decode-harm-filter after the loose affinity filter: among the endpoints that
-#: cache the prompt about as well as the best, those where the request's prefill leaves the fewest
-#: running requests over their TPOT SLO, counting adapter loads and near-full KV caches too
-#: (``standard`` at 80% / 100%, seed 0: 94.0% / 70.1% against 91.6% / 58.6% without it;
-#: ``heterogeneous``, seeds 0-2, 90.7% / 60.8% against 82.9% / 44.1%; placed first it breaks prefix
-#: locality under overload and collapses: 18.4% at 100%; docs/plugins.md B2.9).
+#: cache the prompt about as well as the best, those where the request pushes the fewest running
+#: requests over their TPOT SLO and does not miss its own, by an engine twin stepped forward from the
+#: requests this router has running on each (epp_client/twin.py), counting adapter loads and
+#: near-full KV caches too (``standard``, seed 0, at 80% / 100% / 120%: 94.6% / 85.3% / 84.0%; with
+#: the earlier analytic estimate 94.0% / 70.1% / 4.0%, without the filter 91.6% / 58.6% / 1.5%).
+#: First in the profile it does better on ``standard`` (95.8% / 92.3% / 90.0%) but moves agentic
+#: turns off the endpoint holding their context (``agentic`` at 80%, seeds 0-2: 87.0% against the
+#: best heuristic's 92.4%; here 93.9%); docs/plugins.md B2.9.
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n"

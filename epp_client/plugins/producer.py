@@ -36,7 +36,8 @@ from typing import Any
 
 from ..params import Plugin, gt, param
 from ..predictor import BulkPrediction
-from ..types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction
+from ..twin import Running
+from ..types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction, uncached_prompt_tokens
 from .producer_state import RequestContext, RunningQueue
 from .protocols import Producer
 from .registry import plugin
@@ -74,6 +75,7 @@ class PredictedLatencyProducer(Plugin):
     def setup(self) -> None:
         self.running = RunningQueue()
         self._contexts: OrderedDict[str, RequestContext] = OrderedDict()
+        self._first_token_at: dict[str, float] = {}   # endpoint -> when a request there last had its first token
         self.counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
                          "skipped_samples": 0, "expired_contexts": 0,
                          "ttft_slo_violations": 0, "tpot_slo_violations": 0}
@@ -162,28 +164,33 @@ class PredictedLatencyProducer(Plugin):
         ctx.rows = rows_by_name
         return ctx, rows
 
-    def decoding(self, endpoint: str, now: float) -> tuple:
-        """(decode time so far ms, TPOT so far ms, TPOT SLO ms) of each request with a TPOT SLO
-        dispatched to ``endpoint`` and not finished; (0, 0, SLO) until its first chunk. TPOT so far
-        is measured when the chunks carry token counts, else the TPOT predicted for it at dispatch."""
+    def decoding(self, endpoint: str, now: float) -> tuple[Running, ...]:
+        """The requests dispatched to ``endpoint`` and not finished, in dispatch order, as the
+        engine twin sees them (:class:`~epp_client.twin.Running`): before the first chunk, the
+        prompt tokens to prefill there (not cached on it at dispatch; none when another endpoint
+        prefills it); after, the decode time and tokens so far, the tokens counted from the chunks
+        when they carry counts, else at the TPOT predicted for it at dispatch."""
         out = []
         contexts = self._contexts
+        head = True   # the first one waiting: its prefill runs since the later of its dispatch and the last first token
         for rid, slo in self.running.requests(endpoint).items():
             ctx = contexts.get(rid)
-            if ctx is None or slo <= 0 or ctx.dispatch is None:
+            if ctx is None or ctx.dispatch is None:
                 continue
-            if not ctx.ttft_ms:   # dispatched, no first chunk yet: it decodes through what comes next
-                out.append((0.0, 0.0, slo))
+            slo = max(0.0, slo)
+            if not ctx.ttft_ms:   # dispatched, no first chunk yet
+                uncached = ctx.input_tokens if ctx.uncached < 0 else ctx.uncached
+                since = max(ctx.dispatch, self._first_token_at.get(endpoint, ctx.dispatch)) if head else now
+                out.append(Running(0.0, 0, slo, ctx.input_tokens, uncached, max(0.0, now - since) * 1000.0))
+                head = False
                 continue
             elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
-            if elapsed <= 0:
-                continue
-            if ctx.tokens_known and ctx.tokens >= 2:
-                pace = elapsed / (ctx.tokens - 1)
+            if ctx.tokens_known and ctx.tokens >= 1:
+                tokens = ctx.tokens
             else:
                 pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
-            if pace > 0:
-                out.append((elapsed, pace, slo))
+                tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
+            out.append(Running(max(0.0, elapsed), tokens, slo, ctx.input_tokens + tokens))
         return tuple(out)
 
     def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None,
@@ -262,6 +269,7 @@ class PredictedLatencyProducer(Plugin):
         if ctx.dispatch is not None:  # re-dispatch (retry on another endpoint): move the entry
             self.running.remove(request.request_id)
         ctx.dispatch = now
+        ctx.uncached = 0 if ctx.prefill_target is not None else uncached_prompt_tokens(primary, ctx.input_tokens)
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
 
@@ -278,6 +286,8 @@ class PredictedLatencyProducer(Plugin):
         self._count(ctx, tokens)
         if ctx.ttft_ms == 0:
             ctx.ttft_ms = float(int((now - ctx.dispatch) * 1000.0))
+            if ctx.target is not None:
+                self._first_token_at[ctx.target] = now
             ctx.chunks = 1
             ctx.tokens = tokens if tokens is not None else 0
             self._emit_ttft(ctx, now)

@@ -68,7 +68,7 @@ class RunningQueue:
 class RequestContext:
     __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
                  "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
-                 "touched")
+                 "touched", "uncached")
 
     def __init__(self, request_id: str, input_tokens: int) -> None:
         self.request_id = request_id
@@ -86,3 +86,4 @@ class RequestContext:
         self.tokens = 0
         self.tokens_known = True
         self.touched = 0.0
+        self.uncached = -1   # prompt tokens not cached on the target at dispatch (-1: unknown)
