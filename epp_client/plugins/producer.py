@@ -179,9 +179,8 @@ class PredictedLatencyProducer(Plugin):
                 continue
             slo = max(0.0, slo)
             if not ctx.ttft_ms:   # dispatched, no first chunk yet
-                uncached = ctx.input_tokens if ctx.uncached < 0 else ctx.uncached
                 since = max(ctx.dispatch, self._first_token_at.get(endpoint, ctx.dispatch)) if head else now
-                out.append(Running(0.0, 0, slo, ctx.input_tokens, uncached, max(0.0, now - since) * 1000.0))
+                out.append(Running(0.0, 0, slo, ctx.input_tokens, ctx.uncached, max(0.0, now - since) * 1000.0))
                 head = False
                 continue
             elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms

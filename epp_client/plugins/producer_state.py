@@ -86,4 +86,4 @@ class RequestContext:
         self.tokens = 0
         self.tokens_known = True
         self.touched = 0.0
-        self.uncached = -1   # prompt tokens not cached on the target at dispatch (-1: unknown)
+        self.uncached = input_tokens   # prompt tokens to prefill on the target (set at dispatch)
