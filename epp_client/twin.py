@@ -83,6 +83,104 @@ def _over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t:
     return n
 
 
+class _State:
+    """The twin's engine between steps: per request (``running`` + the new one) the prompt tokens
+    left to prefill and done, the queue of those still prefilling (dispatch order), the decodes,
+    their context, the time and steps so far, the head of the queue and the first tokens."""
+
+    __slots__ = ("left", "done", "queue", "decodes", "context", "t", "steps", "head", "firsts")
+
+    def __init__(self, left: list, done: list, queue: list, decodes: int, context: float) -> None:
+        self.left, self.done, self.queue, self.decodes, self.context = left, done, queue, decodes, context
+        self.t, self.steps, self.head = 0.0, 0, 0
+        self.firsts: dict[int, tuple[float, int]] = {}
+
+    def copy(self, undo: list[tuple[int, int]], queue: list) -> _State:
+        """This state with the chunks of ``undo`` given back (the step under way), over ``queue``."""
+        c = _State(list(self.left), list(self.done), queue, self.decodes, self.context)
+        for i, n in undo:
+            c.left[i] += n
+            c.done[i] -= n
+        c.t, c.steps, c.head, c.firsts = self.t, self.steps, self.head, dict(self.firsts)
+        return c
+
+
+def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
+    left = [max(0, r.prefill) for r in reqs]
+    done = [max(0, r.context - n) for r, n in zip(reqs, left)]
+    queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
+    queued = set(queue)
+    decodes = len(reqs) - len(queue)
+    context = float(sum(done[i] for i in range(len(reqs)) if i not in queued))
+    room = max(1, budget - decodes)
+    for i in queue:   # the prefill under way: the full chunks since it reached the head of the queue
+        elapsed = reqs[i].queued_ms
+        while elapsed > 0 and left[i] > 1:   # each chunk costs more than the last (causal attention)
+            n = min(room, left[i] - 1)
+            elapsed -= model.ms(decodes + n, context, decodes, n * (done[i] + n / 2.0))
+            if elapsed < 0:
+                break
+            left[i] -= n
+            done[i] += n
+    return _State(left, done, queue, decodes, context)
+
+
+def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
+         max_steps: int = 4000) -> _State | None:
+    """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
+    state at the start of the step in which it first gets a chunk, the moment a run without it
+    would part from this one (None if it never does)."""
+    left, done, queue, firsts = st.left, st.done, st.queue, st.firsts
+    decodes, context, t, steps, head, n_queue = st.decodes, st.context, st.t, st.steps, st.head, len(queue)
+    fork: _State | None = None
+    # model.ms inlined (the same arithmetic in the same order): this loop is the twin's cost
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    while steps < max_steps:
+        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
+        j = head
+        chunks: list[tuple[int, int]] = []
+        while j < n_queue and room > 0:
+            i = queue[j]
+            if i == new_i and fork is None:
+                st.decodes, st.context, st.t, st.steps, st.head = decodes, context, t, steps, head
+                fork = st.copy(chunks, queue[:-1])
+            n = max(1, min(left[i], room))          # a fully cached prompt still takes a step
+            pairs += n * (done[i] + n / 2.0)
+            left[i] -= n
+            done[i] += n
+            room -= n
+            tokens += n
+            if new_i >= 0 and fork is None:
+                chunks.append((i, n))
+            if left[i] <= 0:
+                ready.append(i)
+            j += 1
+        if tokens <= 0:
+            break
+        ms = (fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0)
+              + per_pair * pairs)
+        t += max(ms, 0.1) / speed
+        steps += 1
+        context += decodes
+        for i in ready:
+            firsts[i] = (t, steps)
+            decodes += 1
+            context += done[i] + 1
+        while head < n_queue and left[queue[head]] <= 0:
+            head += 1
+        if new_i >= 0:
+            if new_i in firsts and steps - firsts[new_i][1] >= probe:
+                break
+        elif until_ms is not None and t >= until_ms:
+            break
+        elif until_ms is None and head >= n_queue:
+            break
+    st.decodes, st.context, st.t, st.steps, st.head = decodes, context, t, steps, head
+    return fork
+
+
 def forward(model: StepModel, budget: int, running: tuple[Running, ...], new: Running | None = None,
             probe: int = 4, until_ms: float | None = None, max_steps: int = 4000
             ) -> tuple[float, int, dict[int, tuple[float, int]]]:
@@ -91,72 +189,28 @@ def forward(model: StepModel, budget: int, running: tuple[Running, ...], new: Ru
     ``max_steps``. Returns (time reached ms, steps, {index in ``running`` + [new]: (first token
     time, step)} of the prompts prefilled)."""
     reqs = (*running, new) if new is not None else running
-    left = [max(0, r.prefill) for r in reqs]
-    done = [max(0, r.context - n) for r, n in zip(reqs, left)]
-    queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
-    queued = set(queue)
-    decodes = len(reqs) - len(queue)
-    context = float(sum(done[i] for i in range(len(reqs)) if i not in queued))
-    for i in queue:   # the prefill under way: the full steps since it reached the head of the queue
-        r = reqs[i]
-        if r.queued_ms > 0 and left[i] > 1:
-            room = max(1, budget - decodes)
-            per_step = model.ms(budget, context, decodes, room * (done[i] + room / 2.0))
-            ran = min(left[i] - 1, int(r.queued_ms // per_step) * room)
-            left[i] -= ran
-            done[i] += ran
-    firsts: dict[int, tuple[float, int]] = {}
-    new_i = len(reqs) - 1 if new is not None else -1
-    t, steps, head = 0.0, 0, 0
-    while steps < max_steps:
-        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
-        j = head
-        while j < len(queue) and room > 0:
-            i = queue[j]
-            n = max(1, min(left[i], room))          # a fully cached prompt still takes a step
-            pairs += n * (done[i] + n / 2.0)
-            left[i] -= n
-            done[i] += n
-            room -= n
-            tokens += n
-            if left[i] <= 0:
-                ready.append(i)
-            j += 1
-        if tokens <= 0:
-            break
-        t += model.ms(tokens, context, decodes, pairs)
-        steps += 1
-        context += decodes
-        for i in ready:
-            firsts[i] = (t, steps)
-            decodes += 1
-            context += done[i] + 1
-        while head < len(queue) and left[queue[head]] <= 0:
-            head += 1
-        if new is not None:
-            if new_i in firsts and steps - firsts[new_i][1] >= probe:
-                break
-        elif until_ms is not None and t >= until_ms:
-            break
-        elif until_ms is None and head >= len(queue):
-            break
-    return t, steps, firsts
+    st = _start(model, budget, reqs)
+    _run(model, budget, st, len(reqs) - 1 if new is not None else -1, probe, until_ms, max_steps)
+    return st.t, st.steps, st.firsts
 
 
 def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,
               probe: int = 4, max_steps: int = 4000) -> Outcome:
     """The request (``prompt_tokens``, of which ``cached_tokens`` are in the endpoint's cache)
-    placed on an endpoint running ``running``: :class:`Outcome`."""
+    placed on an endpoint running ``running``: :class:`Outcome`. The run without it is the run
+    with it up to the step in which its prefill starts, so it resumes from there."""
     uncached = max(1, prompt_tokens - cached_tokens)
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
-    t, steps, firsts = forward(model, budget, running, new, probe, max_steps=max_steps)
-    with_it = _over(running, firsts, t, steps)
+    st = _start(model, budget, (*running, new))
     i = len(running)
+    fork = _run(model, budget, st, i, probe, max_steps=max_steps)
+    t, steps, firsts = st.t, st.steps, st.firsts
+    with_it = _over(running, firsts, t, steps)
     if i not in firsts:
         return Outcome(with_it, float("inf"), float("inf"))
     tf, sf = firsts[i]
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
-    if not running:
+    if not running or fork is None:
         return Outcome(0, tf, tpot)
-    t0, steps0, firsts0 = forward(model, budget, running, None, probe, until_ms=t, max_steps=max_steps)
-    return Outcome(max(0, with_it - _over(running, firsts0, t0, steps0)), tf, tpot)
+    _run(model, budget, fork, until_ms=t, max_steps=max_steps)
+    return Outcome(max(0, with_it - _over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)

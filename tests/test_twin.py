@@ -79,3 +79,45 @@ def test_the_prefill_under_way_has_run_the_full_steps_since_it_reached_the_head_
     done = Running(0.0, 0, 0.0, 8_192, 8_192, queued_ms=1e6)
     t, steps, firsts = forward(FLAT, 2_048, (done,))
     assert steps == 1 and t == pytest.approx(10.01)
+
+
+def test_each_chunk_of_the_prefill_under_way_costs_more_than_the_last():
+    # causal attention: a chunk reads every token prefilled before it, so the time since the prompt
+    # reached the head of the queue covers fewer chunks of a long prompt than its first chunk's cost says
+    quad = StepModel(fixed_ms=10.0, per_token_ms=0.0, per_context_token_ms=0.0, decode_ms=0.0,
+                     per_prefill_pair_ms=1e-5)
+    chunk = [quad.ms(2_048, 0, 0, 2_048 * (2_048 * k + 1_024)) for k in range(4)]   # 31.0, 72.9, 114.9, 156.8
+    under_way = Running(0.0, 0, 0.0, 8_192, 8_192, queued_ms=chunk[0] + chunk[1] + 1.0)
+    t, steps, firsts = forward(quad, 2_048, (under_way,))
+    assert steps == 2 and t == pytest.approx(chunk[2] + chunk[3])      # two chunks ran, two are left
+    assert firsts == {0: (pytest.approx(chunk[2] + chunk[3]), 2)}
+
+
+def test_the_run_without_the_request_resumed_where_they_part_is_the_run_from_scratch():
+    # placement() resumes the run without the request from the step in which its prefill starts;
+    # the run without it from now (forward) must give the same count, to the last bit
+    import random
+
+    from epp_client.twin import _over
+
+    rng = random.Random(7)
+    models = (StepModel(), FLAT, StepModel(1.0, 0.1, 0.001, 5.0, 1e-4, speed=1.7))
+    for _ in range(400):
+        model = rng.choice(models)
+        running = tuple(
+            Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 100.0)), rng.randint(10, 60_000))
+            if rng.random() < 0.6 else
+            Running(0.0, 0, rng.choice((0.0, 50.0)), 80_000, rng.randint(1, 60_000), rng.choice((0.0, 3_000.0)))
+            for _ in range(rng.randint(1, 25)))
+        prompt, budget, probe = rng.randint(1, 60_000), rng.choice((512, 2_048)), rng.randint(1, 8)
+        cached = rng.randint(0, prompt)
+        o = placement(model, budget, running, prompt, cached, probe, max_steps=4_000)
+        uncached = max(1, prompt - cached)
+        new = Running(0.0, 0, 0.0, max(prompt, uncached), uncached)
+        t, steps, firsts = forward(model, budget, running, new, probe)
+        if len(running) not in firsts:
+            assert math.isinf(o.ttft_ms)
+            continue
+        t0, steps0, firsts0 = forward(model, budget, running, None, probe, until_ms=t)
+        assert o.ttft_ms == firsts[len(running)][0]
+        assert o.harm == max(0, _over(running, firsts, t, steps) - _over(running, firsts0, t0, steps0))
