@@ -37,6 +37,7 @@ from .types import (
     EncoderMatch,
     Endpoint,
     EndpointMetrics,
+    HoldRequest,
     InferenceRequest,
     InFlightLoad,
     LatencyPrediction,
@@ -45,4 +46,4 @@ from .types import (
 )
 
 __all__ = ["Endpoint", "EndpointMetrics", "PrefixMatch", "InFlightLoad", "LatencyPrediction", "InferenceRequest",
-           "Admission", "ConfigError", "EncoderMatch", "rank_endpoints"]
+           "Admission", "ConfigError", "EncoderMatch", "HoldRequest", "rank_endpoints"]

@@ -5,6 +5,8 @@ policy through these calls, with real or simulated time::
 
     res = lc.schedule(request, endpoints, now)          # or: await lc.aschedule(...)
     if res.ok: lc.pre_request(request, res, now)        # dispatch to res.endpoint
+    if res.held: ...                                    # schedule it again res.retry_after_s later,
+                                                        # request.waited_ms = the time held so far
     lc.pre_request(request, res, now, endpoint=other)   # a retry elsewhere (gateway)
     lc.on_first_chunk(request.request_id, now, tokens)  # first token / body chunk
     lc.on_chunk(request.request_id, now, tokens)        # later chunks (optional)
@@ -46,6 +48,11 @@ class SchedulingResult:
     status: int = 200  # 200, or the HTTP status a gateway should answer
     reason: str = ""  # e.g. the admission reason or "rejected-saturated"
     decision: str = ""  # P/D decision with a disagg profile handler, e.g. "prefill-decode"
+    retry_after_s: float = 0.0  # > 0: held (status 429, reason "held"): schedule it again this much later
+
+    @property
+    def held(self) -> bool:
+        return self.retry_after_s > 0
 
     @property
     def ok(self) -> bool:

@@ -28,6 +28,9 @@ With a ``profile_handler`` only the profiles it picks run; ``result.profiles`` a
 ``disagg-profile-handler`` (B4.7) runs decode, then prefill / encode when its deciders say
 so, and ``pre_request`` writes ``x-prefiller-host-port`` / ``x-encoder-hosts-ports`` into
 the request headers (or removes them when the stage did not run).
+A filter may raise :class:`~epp_client.types.HoldRequest` (``decode-harm-filter`` with
+``holdSlackMs``): the result is then held (``res.held``, status 429, ``retry_after_s``) and
+the caller schedules the request again that much later with ``request.waited_ms`` set.
 ``prediction-opt-in-profile-handler`` runs the predicted profile for requests with
 ``x-prediction-based-scheduling: true`` once a learned model answers, else the heuristic
 one, and lets the admitters judge only the predicted requests.
@@ -51,7 +54,7 @@ from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_r
 from .plugins.pickers import MaxScorePicker
 from .plugins.producer import PredictedLatencyProducer
 from .plugins.protocols import LifecycleObserver
-from .types import ADMITTED, ConfigError, Endpoint, InferenceRequest
+from .types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,7 @@ class Scheduler:
         self.primary_profile = primary_profile
         self.producer_timeout_s = producer_timeout_s
         self.producer_errors = 0
+        self.held = 0           # scheduling attempts a filter answered with a hold (HoldRequest)
         # profile plugins with request-lifecycle hooks (observe / pre_request / on_complete),
         # e.g. lora-affinity-scorer with request history; each once even if shared by profiles
         hooks: dict[int, Any] = {}
@@ -153,14 +157,20 @@ class Scheduler:
                     return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates,
                                             status=admission.status, reason=admission.reason)
         decision = ""
-        if handler is not None:
-            results = handler.run(request, {p.name: p for p in self.profiles}, candidates)
-            primary_name = handler.primary(results)
-            if primary_name in results and results[primary_name].picked:
-                decision = handler.decision(request, results)
-        else:
-            results = {profile.name: profile.run(request, candidates) for profile in self.profiles}
-            primary_name = self.primary_profile
+        try:
+            if handler is not None:
+                results = handler.run(request, {p.name: p for p in self.profiles}, candidates)
+                primary_name = handler.primary(results)
+                if primary_name in results and results[primary_name].picked:
+                    decision = handler.decision(request, results)
+            else:
+                results = {profile.name: profile.run(request, candidates) for profile in self.profiles}
+                primary_name = self.primary_profile
+        except HoldRequest as hold:
+            self._discard(request)
+            self.held += 1
+            return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates, status=429,
+                                    reason=hold.reason, retry_after_s=hold.retry_after_s)
         primary = results.get(primary_name) or ProfileResult(primary_name, [], {})
         if not primary.picked:
             self._discard(request)

@@ -39,6 +39,13 @@ class EndpointMetrics:
     active_lora_adapters: frozenset = frozenset()
     waiting_lora_adapters: frozenset = frozenset()
     max_active_lora: int = 0
+    cache_num_blocks: int = 0       # KV cache blocks the engine has (vllm:cache_config_info num_gpu_blocks; 0: unknown)
+    cache_block_size: int = 0       # tokens per engine KV block (its block_size label; 0: unknown)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the engine's KV cache holds (0: not reported)."""
+        return self.cache_num_blocks * self.cache_block_size
 
 
 @dataclass
@@ -160,10 +167,13 @@ class InferenceRequest:
     target_model: str = ""
     streaming: bool = False
     max_tokens: int | None = None
+    waited_ms: float = 0.0      # how long the router has held the request before this scheduling
 
     @property
     def ttft_slo_ms(self) -> float:
-        return parse_slo(self.headers, TTFT_SLO_HEADERS)
+        """The TTFT SLO left to the engine: the header's less ``waited_ms`` (at least 1 ms; 0: none)."""
+        slo = parse_slo(self.headers, TTFT_SLO_HEADERS)
+        return max(1.0, slo - self.waited_ms) if slo > 0 and self.waited_ms > 0 else slo
 
     @property
     def tpot_slo_ms(self) -> float:
@@ -172,6 +182,17 @@ class InferenceRequest:
     @property
     def sheddable(self) -> bool:
         return self.priority < 0
+
+
+class HoldRequest(Exception):
+    """Raised by a filter: no endpoint should take the request now, and it can wait; the
+    scheduler answers a held result and the caller schedules it again ``retry_after_s`` later
+    (with ``waited_ms`` set), or answers 429 with Retry-After if it cannot hold requests."""
+
+    def __init__(self, retry_after_s: float, reason: str = "held") -> None:
+        super().__init__(f"{reason}: retry after {retry_after_s:g} s")
+        self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 @dataclass

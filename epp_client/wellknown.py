@@ -81,15 +81,16 @@ PREDICTED_LATENCY_SLO_CONFIG = (
 #: 68.4% / 38.4%); at weight 2 it herded a burst of new adapters onto the first servers to load
 #: them (``lora-spike`` at 100%, seeds 0-4: 24.5% against token-load's 26.1%; at 0.75 26.3%).
 #: Where no server serves adapters it scores every endpoint alike (0), so it changes nothing there.
-#: And this project's decode-harm-filter after the loose affinity filter: among the endpoints that
-#: cache the prompt about as well as the best, those where the request pushes the fewest running
-#: requests over their TPOT SLO and does not miss its own, by an engine twin stepped forward from the
-#: requests this router has running on each (epp_client/twin.py), counting adapter loads and
-#: near-full KV caches too (``standard``, seed 0, at 80% / 100% / 120%: 94.6% / 85.3% / 84.0%; with
-#: the earlier analytic estimate 94.0% / 70.1% / 4.0%, without the filter 91.6% / 58.6% / 1.5%).
-#: First in the profile it does better on ``standard`` (95.8% / 92.3% / 90.0%) but moves agentic
-#: turns off the endpoint holding their context (``agentic`` at 80%, seeds 0-2: 87.0% against the
-#: best heuristic's 92.4%; here 93.9%); docs/plugins.md B2.9.
+#: And this project's decode-harm-filter first (after the producer): the endpoints where the request
+#: pushes the fewest running requests over their TPOT SLO and does not miss its own, by an engine twin
+#: stepped forward from the requests this router has running on each (epp_client/twin.py), counting
+#: adapter loads and near-full KV caches too; where every endpoint would be harmed and the request has
+#: more than 300 ms of TTFT SLO to spare, it holds the request and the caller schedules it again 50 ms
+#: later (holdSlackMs; the gateway and the simulator do). And the approximate prefix producer sized to
+#: each engine's KV cache (autoTune, kv-tokens): the twin reads which prompts are cached from it, and an
+#: index 4 times the cache (llm-d's sizing) placed 1 request in 10 for a cache that was gone.
+#: ``standard``, seed 0, at 80% / 100% / 120%: 99.2% / 95.1% / 93.2% (TTFT p90 3.33 s at 80%: 0.67x
+#: token-load's); the best heuristic 88.0% / 52.3% / 0.6%; docs/plugins.md B2.9, docs/evaluation.md §4.
 RECOMMENDED_CONFIG = (
     PREDICTED_LATENCY_SLO_CONFIG
     .replace("- type: latency-scorer\n", "- type: lora-affinity-scorer\n"
@@ -101,9 +102,12 @@ RECOMMENDED_CONFIG = (
              "  - pluginRef: lora-affinity-scorer\n    weight: 0.75\n"
              "  - pluginRef: kv-cache-utilization-scorer\n    weight: 1\n")
     .replace("weighted-random-picker", "max-score-picker")
-    .replace("- type: max-score-picker\n", "- type: max-score-picker\n- type: decode-harm-filter\n")
-    .replace("  - pluginRef: loose-affinity-filter\n",
-             "  - pluginRef: loose-affinity-filter\n  - pluginRef: decode-harm-filter\n")
+    .replace("- type: max-score-picker\n", "- type: max-score-picker\n- type: decode-harm-filter\n"
+             "  parameters:\n    holdSlackMs: 300\n")
+    .replace("  - pluginRef: predicted-latency-producer\n",
+             "  - pluginRef: predicted-latency-producer\n  - pluginRef: decode-harm-filter\n")
+    .replace("plugins:\n- type: predicted-latency-producer\n",
+             "plugins:\n- type: approx-prefix-cache-producer\n- type: predicted-latency-producer\n", 1)
 )
 
 #: name -> YAML text

@@ -201,8 +201,24 @@ class Gateway:
             finally:
                 client.close()
 
+    async def _decide(self, info: InferenceRequest, hashes: list[int]) -> Routing:
+        """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
+        ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh candidates, with
+        the time held so far in ``info.waited_ms``; the request timeout bounds it."""
+        held_at = None
+        while True:
+            decision = await self.driver.decide(info, self.candidates(hashes))
+            wait = decision.result.retry_after_s
+            if wait <= 0:
+                return decision
+            if held_at is None:
+                held_at = time.monotonic()
+                self.metrics.held.inc()
+            await asyncio.sleep(wait)
+            info.waited_ms = (time.monotonic() - held_at) * 1000.0
+
     async def _route_and_proxy(self, send, path: str, info: InferenceRequest, hashes: list[int], raw: bytes) -> None:
-        decision = await self.driver.decide(info, self.candidates(hashes))
+        decision = await self._decide(info, hashes)
         if not decision.admitted:
             self.metrics.admission_denied.labels(reason=decision.reason or "denied").inc()
             return await self._json(send, decision.status or 429, {"error": {

@@ -36,6 +36,8 @@ class GatewayMetrics:
                                  ["reason"], registry=r)
         self.admission_denied = Counter(p + "admission_denied_total", "Requests denied admission (429)",
                                         ["reason"], registry=r)
+        self.held = Counter(p + "held_requests_total", "Requests a filter held before dispatch "
+                            "(decode-harm-filter holdSlackMs), each counted once", registry=r)
         self.disconnects = Counter(p + "client_disconnects_total",
                                    "Clients gone before their response completed (request: while sending the body; "
                                    "response: while it was produced)", ["stage"], registry=r)

@@ -73,7 +73,8 @@ def to_endpoint(st: EndpointState) -> Endpoint:
         name=st.name, address=host, port=int(port) if port.isdigit() else 0, labels=dict(st.labels),
         metrics=EndpointMetrics(kv_cache_usage=m.kv_cache_usage or 0.0, waiting_queue_size=m.waiting or 0,
                                 running_requests_size=m.running or 0, active_lora_adapters=m.active_lora,
-                                waiting_lora_adapters=m.waiting_lora, max_active_lora=m.max_lora))
+                                waiting_lora_adapters=m.waiting_lora, max_active_lora=m.max_lora,
+                                cache_num_blocks=m.cache_num_blocks, cache_block_size=m.cache_block_size))
 
 
 def build_scheduler(settings: GatewaySettings) -> Scheduler:

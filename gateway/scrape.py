@@ -25,6 +25,9 @@ KV_NAMES = (
 WAITING_NAMES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred")
 RUNNING_NAMES = ("vllm:num_requests_running", "llamacpp:requests_processing")
 LORA_NAME = "vllm:lora_requests_info"
+# the engine's KV cache as configured (an info gauge): name -> (label of its blocks, label of a block's tokens)
+CACHE_CONFIG_NAMES = {"vllm:cache_config_info": ("num_gpu_blocks", "block_size"),
+                      "sglang:cache_config_info": ("num_pages", "page_size")}
 
 
 @dataclass
@@ -35,6 +38,8 @@ class ScrapedMetrics:
     active_lora: frozenset[str] = frozenset()
     waiting_lora: frozenset[str] = frozenset()
     max_lora: int = 0
+    cache_num_blocks: int = 0       # 0: not reported
+    cache_block_size: int = 0
     raw_names: frozenset[str] = frozenset()
 
 
@@ -42,10 +47,14 @@ def parse_metrics(text: str) -> ScrapedMetrics:
     """Sum each gauge over its series (one per model name); unknown metrics are ignored."""
     values: dict[str, float] = {}
     lora_labels: tuple[float, dict[str, str]] | None = None
+    cache: tuple[int, int] = (0, 0)
     names: set[str] = set()
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             names.add(s.name)
+            if s.name in CACHE_CONFIG_NAMES:
+                cache = _cache_config(s.labels, *CACHE_CONFIG_NAMES[s.name]) or cache
+                continue
             if s.name == LORA_NAME:
                 # the latest series carries the current adapters (its value is a timestamp)
                 if lora_labels is None or s.value >= lora_labels[0]:
@@ -54,7 +63,7 @@ def parse_metrics(text: str) -> ScrapedMetrics:
             if s.value != s.value:  # NaN
                 continue
             values[s.name] = values.get(s.name, 0.0) + float(s.value)
-    m = ScrapedMetrics(raw_names=frozenset(names))
+    m = ScrapedMetrics(raw_names=frozenset(names), cache_num_blocks=cache[0], cache_block_size=cache[1])
     for name, scale in KV_NAMES:
         if name in values:
             m.kv_cache_usage = min(1.0, max(0.0, values[name] * scale))
@@ -80,6 +89,16 @@ def parse_metrics(text: str) -> ScrapedMetrics:
         except ValueError:
             m.max_lora = 0
     return m
+
+
+def _cache_config(labels: dict[str, str], blocks_label: str, size_label: str) -> tuple[int, int] | None:
+    """(blocks, tokens per block) from a cache-config info gauge's labels; None when either is
+    missing, not a positive integer or "None" (vLLM before its cache is profiled)."""
+    try:
+        blocks, size = int(labels.get(blocks_label, "")), int(labels.get(size_label, ""))
+    except ValueError:
+        return None
+    return (blocks, size) if blocks > 0 and size > 0 else None
 
 
 @dataclass

@@ -16,13 +16,13 @@ def test_inflight_requests_stay_running_and_reach_the_harm_filter(monkeypatch):
     sched = Scheduler.from_config(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
                                   sink=ListSink(10), rng=random.Random(1))
     seen = []
-    scores = DecodeHarmFilter.scores
+    assess = DecodeHarmFilter.assess
 
     def spy(self, request, endpoints):
         seen.append(sum(len(e.prediction.running_decodes()) for e in endpoints if e.prediction is not None))
-        return scores(self, request, endpoints)
+        return assess(self, request, endpoints)
 
-    monkeypatch.setattr(DecodeHarmFilter, "scores", spy)
+    monkeypatch.setattr(DecodeHarmFilter, "assess", spy)
     workload = [(eps, {**h, "x-llm-d-slo-tpot-ms": "50"}, t, 0) for eps, h, t, _ in bench_epp.make_workload(600, 4)]
     r = bench_epp.run_sync(sched, workload, warmup=100, inflight=64)
     assert r["n"] == 500

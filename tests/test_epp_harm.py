@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client import Endpoint, EndpointMetrics, HoldRequest, InferenceRequest, PrefixMatch
 from epp_client.plugins import PredictedLatencyProducer
 from epp_client.plugins.harm import DecodeHarmFilter, DecodeHarmScorer
+from epp_client.scheduler import Scheduler, SchedulingProfile
 from epp_client.twin import Running
 from epp_client.types import LatencyPrediction
 from test_epp_producer import Clock, TablePredictor
@@ -144,3 +145,51 @@ def test_producer_reports_each_running_request_as_the_twin_sees_it():
     prod2.on_complete("r2", output_tokens=2)
     assert prod2.decoding("a", clock()) == ()
     assert prod.decoding("b", clock()) == ()
+
+
+def test_filter_holds_a_request_that_harms_wherever_it_goes_while_it_has_slack():
+    tight = Running(1_000.0, 101, 10.2, 3_000)         # a 4,096-token prefill (two ~30 ms steps) pushes it over
+    a, b = _endpoint("a", [tight]), _endpoint("b", [tight, tight])
+    hold = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300})
+    with pytest.raises(HoldRequest) as held:
+        hold.filter(_request(tpot_slo=20), [a, b])      # TTFT ~61 ms of 5,000: plenty of slack
+    assert held.value.retry_after_s == pytest.approx(0.05) and hold.holds == 1
+    # not without holdSlackMs (the default), nor where some endpoint takes it without harm
+    assert [e.name for e in DecodeHarmFilter.from_config(FLAT).filter(_request(tpot_slo=20), [a, b])] == ["a"]
+    assert [e.name for e in hold.filter(_request(tpot_slo=20), [a, b, _endpoint("c", [])])] == ["c"]
+    # nor once the wait has used the slack: 5,000 - 4,650 ms left, less ~61 ms, is under 300 + 50
+    late = _request(tpot_slo=20)
+    late.waited_ms = 4_650.0
+    assert late.ttft_slo_ms == pytest.approx(350.0)
+    assert [e.name for e in hold.filter(late, [a, b])] == ["a"]
+    late.waited_ms = 4_500.0                              # 500 ms left: held again
+    with pytest.raises(HoldRequest):
+        hold.filter(late, [a, b])
+    # nor without a TTFT SLO (nothing says how long it may wait)
+    no_slo = InferenceRequest(request_id="q", input_tokens=4_096, headers={"x-llm-d-slo-tpot-ms": "20"})
+    assert [e.name for e in hold.filter(no_slo, [a, b])] == ["a"]
+    assert hold.holds == 2
+
+
+def test_the_scheduler_answers_a_hold_and_places_the_request_when_it_is_scheduled_again():
+    clock = Clock(100.0)
+    prod = PredictedLatencyProducer(TablePredictor([(200.0, 10.0)] * 2), None, streaming_mode=True, clock=clock)
+    sched = Scheduler(producer=prod, profiles=[SchedulingProfile(
+        filters=[DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300, "holdRetryMs": 20})])])
+    eps = [Endpoint(name=n, metrics=EndpointMetrics(0.1, 0, 1)) for n in ("a", "b")]
+    for i, e in enumerate(eps):       # one request decoding on each at 10 ms a token, SLO 10.2 ms
+        r = InferenceRequest(request_id=f"d{i}", input_tokens=100, headers={"x-llm-d-slo-tpot-ms": "10.2"})
+        res = sched.schedule(r, [e], now=clock())
+        sched.pre_request(r, res, now=clock())
+        sched.on_first_chunk(r.request_id, now=clock(), tokens=1)
+    clock.t = 101.0
+    for i in range(2):
+        sched.on_chunk(f"d{i}", now=clock(), tokens=100)
+    big = _request(tpot_slo=20)
+    res = sched.schedule(big, eps, now=clock())
+    assert res.held and not res.ok and res.status == 429 and res.reason == "held"
+    assert res.retry_after_s == pytest.approx(0.02) and sched.held == 1
+    assert [x.tpot_slo_ms for x in prod.decoding("a", clock())] == [10.2]     # nothing of it was kept
+    big.waited_ms = 4_700.0
+    res = sched.schedule(big, eps, now=clock())
+    assert res.ok and not res.held and res.endpoint.name in ("a", "b")

@@ -180,10 +180,13 @@ def test_well_known_configs_by_name(tmp_path):
     # llm-d's metric-only LoRA affinity at weight 0.75 (neutral where no adapter is loaded)
     assert isinstance(lora, LoraAffinityScorer) and not lora.request_history and w_lora == 0.75
     assert isinstance(prof.picker, MaxScorePicker)
-    # the decode-harm-filter right after the loose affinity filter (docs/plugins.md B2.9)
+    # the decode-harm-filter first, holding requests (docs/plugins.md B2.9)
     names = [type(f).__name__ for f in prof.filters]
-    assert names[names.index("DecodeHarmFilter") - 1:] == ["PrefixCacheAffinityFilter", "DecodeHarmFilter"]
-    assert prof.filters[-2].affinity_threshold == 0.80
+    assert names[0] == "DecodeHarmFilter" and prof.filters[0].hold_slack_ms == 300.0
+    assert prof.filters[-1].affinity_threshold == 0.80
+    # and the prefix index sized to each engine's KV cache (docs/plugins.md B4.8)
+    assert rec.prefix_producer is not None and rec.prefix_producer.auto_tune
+    assert rec.prefix_producer.auto_tune_capacity == "kv-tokens"
     slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
     assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)
     assert slo.profiles[0].scorers[0][0].headroom_selection_strategy == "least"

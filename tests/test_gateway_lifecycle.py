@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from conftest import REPO
 from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
@@ -110,5 +111,47 @@ def test_completed_requests_are_not_client_disconnects(engines):
             time.sleep(0.02)
         assert _disconnects(srv.url).get("response") == 1.0
         assert engines[0].state.completed == 6
+    finally:
+        srv.stop()
+
+
+class _HoldTwice:
+    """A filter that holds each request twice (20 ms each), then passes the candidates on: what
+    decode-harm-filter with holdSlackMs does while every endpoint would be harmed."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, float, float]] = []    # (request id, waited_ms, TTFT SLO left)
+
+    def filter(self, request, endpoints):
+        from epp_client import HoldRequest
+
+        self.seen.append((request.request_id, request.waited_ms, request.ttft_slo_ms))
+        if sum(1 for rid, _, _ in self.seen if rid == request.request_id) <= 2:
+            raise HoldRequest(0.02)
+        return endpoints
+
+
+def test_a_held_request_waits_at_the_gateway_and_is_scheduled_again(engines):
+    from epp_client.inflight import InFlightTracker
+    from epp_client.scheduler import Scheduler, SchedulingProfile
+
+    engines[0].state.token_delay = 0.0
+    before = engines[0].state.completed
+    hold = _HoldTwice()
+    sched = Scheduler(profiles=[SchedulingProfile(filters=[hold])], inflight=InFlightTracker())
+    s = GatewaySettings(endpoints=[engines[0].url], port=free_port(), scrape_interval_s=0.05)
+    srv = ServerThread(build_app(Gateway(s, sched)), s.port).start()
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "p", "max_tokens": 3},
+                       headers={"x-request-id": "h1", "x-llm-d-slo-ttft-ms": "2000"})
+        assert r.status_code == 200
+        assert engines[0].state.completed == before + 1              # sent once, after the holds
+        assert [rid for rid, _, _ in hold.seen] == ["h1"] * 3
+        waited = [w for _, w, _ in hold.seen]
+        assert waited[0] == 0.0 and 20.0 <= waited[1] < waited[2]     # the time held so far grows...
+        assert [slo for _, _, slo in hold.seen] == [pytest.approx(2000.0 - w) for w in waited]   # ...out of its SLO
+        assert sched.held == 2
+        held = re.search(r"^latency_gateway_held_requests_total (\S+)$", httpx.get(srv.url + "/metrics").text, re.M)
+        assert held is not None and float(held.group(1)) == 1.0
     finally:
         srv.stop()

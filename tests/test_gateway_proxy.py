@@ -13,7 +13,8 @@ from gateway.core import Gateway
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from gateway.prompt import BodyError, block_hashes, extract_prompt
 from epp_client.heuristics import LeastLoadScheduler
-from gateway.scrape import parse_metrics
+from gateway.routing import to_endpoint
+from gateway.scrape import EndpointState, parse_metrics
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.sse import StreamObserver
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
@@ -357,6 +358,22 @@ def test_metric_name_mapping_vllm_and_llamacpp():
                        "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n")
     assert (ll.kv_cache_usage, ll.running, ll.waiting) == (0.25, 3, 1)
     assert parse_metrics("other_metric 1\n").kv_cache_usage is None
+
+
+def test_the_engines_kv_cache_size_is_read_from_its_cache_config_info():
+    # vLLM's info gauge: the configuration as labels, value 1 (num_gpu_blocks is "None" until profiled)
+    v = parse_metrics('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",'
+                      'cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",'
+                      'num_gpu_blocks="31250",num_cpu_blocks="None"} 1.0\n')
+    assert (v.cache_num_blocks, v.cache_block_size) == (31_250, 16)
+    ep = to_endpoint(EndpointState(name="e", url="http://127.0.0.1:9", metrics=v))
+    assert ep.metrics is not None and ep.metrics.kv_capacity_tokens == 500_000
+    sg = parse_metrics('sglang:cache_config_info{num_pages="2000",page_size="64"} 1\n')
+    assert (sg.cache_num_blocks, sg.cache_block_size) == (2_000, 64)
+    for bad in ('num_gpu_blocks="None",block_size="16"', 'num_gpu_blocks="0",block_size="16"',
+                'num_gpu_blocks="12x",block_size="16"', 'block_size="16"'):
+        m = parse_metrics(f"vllm:cache_config_info{{{bad}}} 1\n")
+        assert (m.cache_num_blocks, m.cache_block_size) == (0, 0), bad
 
 
 def test_sse_observer_counts_tokens_across_split_chunks():

@@ -166,3 +166,56 @@ def test_long_prompts_spill_over_several_generations_in_order():
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError):
         GenerationLRU(0)
+
+
+# ---- the producer sizes each endpoint's index from the KV cache it reports (autoTune) --------
+
+def _endpoint(name: str, gpu_blocks: int = 0, block_size: int = 0):
+    from epp_client import Endpoint, EndpointMetrics
+    return Endpoint(name=name, metrics=EndpointMetrics(cache_num_blocks=gpu_blocks, cache_block_size=block_size))
+
+
+def test_an_endpoint_reporting_its_kv_cache_gets_an_index_of_that_many_tokens():
+    from epp_client.plugins.prefix import ApproxPrefixProducer
+
+    p = ApproxPrefixProducer(64, lru_capacity_per_endpoint=1_000)
+    eps = [_endpoint("a", 100, 16), _endpoint("b")]       # a: 1,600 tokens = 25 blocks of 64; b: nothing reported
+    p.produce(list(range(5)), eps)
+    assert p.capacity_of("a") == 25 and p.capacity_of("b") == 1_000
+    p.record("a", list(range(40)))                       # a prompt longer than a's cache
+    p.record("b", list(range(40)))
+    assert p.size("a") == 25 and p.size("b") == 40
+    p.produce(list(range(40)), eps)
+    assert eps[0].prefix_match.match_blocks == 0         # its first blocks were evicted: the engine's are too
+    assert eps[1].prefix_match.match_blocks == 40
+    # llm-d's sizing: one 64-token block per 16-token GPU block, 4 times the tokens the engine holds
+    up = ApproxPrefixProducer(64, auto_tune_capacity="gpu-blocks")
+    up.produce([0], [_endpoint("a", 100, 16)])
+    assert up.capacity_of("a") == 100
+    off = ApproxPrefixProducer(64, lru_capacity_per_endpoint=7, auto_tune=False)
+    off.produce([0], [_endpoint("a", 100, 16)])
+    assert off.capacity_of("a") == 7
+
+
+def test_a_changed_kv_cache_resizes_the_index_keeping_the_most_recent_blocks():
+    from epp_client.plugins.prefix import ApproxPrefixProducer
+
+    p = ApproxPrefixProducer(64)
+    p.produce([0], [_endpoint("a", 400, 16)])           # 100 blocks
+    p.record("a", list(range(60)))
+    p.record("a", list(range(100, 130)))
+    p.produce([0], [_endpoint("a", 160, 16)])           # restarted with a smaller cache: 40 blocks
+    assert p.capacity_of("a") == 40 and p.size("a") == 40
+    ep = _endpoint("a", 160, 16)
+    p.produce(list(range(100, 130)), [ep])
+    assert ep.prefix_match.match_blocks == 30           # the newest prompt is still there
+    p.produce(list(range(60)), [ep])
+    assert ep.prefix_match.match_blocks == 0            # the older one lost its first blocks
+
+
+def test_auto_tune_parameters_are_checked():
+    from epp_client.plugins.prefix import ApproxPrefixProducer
+    from epp_client.types import ConfigError
+
+    with pytest.raises(ConfigError, match="autoTuneCapacity"):
+        ApproxPrefixProducer.from_config({"autoTuneCapacity": "pages"})

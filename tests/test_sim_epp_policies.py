@@ -62,7 +62,8 @@ predicted_deps = pytest.importorskip  # alias for readability below
 def test_predicted_policy_learns_online_and_routes_with_predictions():
     predicted_deps("training_server.worker")
     m = _run("predicted", limit=400, load=0.9, retrain_interval_s=20.0)
-    assert m["predictions"] == 400 and m["prediction_failures"] == 0
+    # one prediction per scheduling: each request's, and each time a held request was scheduled again
+    assert m["holds"] > 0 and m["predictions"] == 400 + m["holds"] and m["prediction_failures"] == 0
     assert m["training_entries"] >= 700                   # TTFT + TPOT sample per request
     assert m["retrain_published"] >= 1                     # a learned model was served during the run
     assert m["served_version"] != "prior-default"
@@ -86,7 +87,8 @@ def test_epp_config_option_runs_a_user_config_and_rejects_a_bad_one(tmp_path, ca
                               "--load", "0.8", "--epp-config", str(good), "--out", str(out), "--no-plots",
                               "--quiet"]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["results"]["0.8"]["predicted"]["predictions"] == 120
+    r = res["results"]["0.8"]["predicted"]
+    assert r["predictions"] == 120 + r.get("holds", 0)      # one per scheduling, held requests' again too
     assert "--epp-config" in (out / "report.md").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("headroomSelectionStrategy", "headroomStrategyTypo"))
@@ -113,6 +115,7 @@ def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
     from prediction_server.settings import Settings as PSettings
     from training_server.app import create_app as training_app
     from training_server.settings import Settings as TSettings
+    from epp_client.wellknown import PREDICTED_LATENCY_SLO_CONFIG
     from support.servers import run_app
 
     tset = TSettings.from_env({}, data_dir=str(tmp_path / "train"), retraining_interval_sec=0.5,
@@ -120,7 +123,9 @@ def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
     with run_app(training_app(tset)) as turl:
         pset = PSettings.from_env({}, training_server_url=turl, sync_interval_sec=0.5)
         with run_app(prediction_app(pset)) as purl:
-            m = _run("predicted", limit=150, load=0.8, predictor_url=purl, training_url=turl)
+            # llm-d's wiring: the recommended profile holds requests, each hold a prediction call more
+            m = _run("predicted", limit=150, load=0.8, predictor_url=purl, training_url=turl,
+                     epp_config=PREDICTED_LATENCY_SLO_CONFIG)
             assert m["completed"] == 150
             assert m["predictions"] + m["prediction_failures"] == 150
             assert m["predictions"] >= 140          # the 50 ms deadline may rarely fall back on a busy machine
@@ -158,7 +163,12 @@ def test_opt_in_share_0_is_the_heuristic_and_share_1_the_predicted_policy(tmp_pa
     from epp_client.wellknown import RECOMMENDED_CONFIG, with_opt_in
 
     kw = {"limit": 150, "load": 0.8, "retrain_interval_s": 20.0}
-    none = _run("predicted", opt_in_share=0.0, **kw)
+    # the profile's prefix index sized as the simulator's llm-d policies size theirs (fixed), the
+    # heuristic requests are routed exactly as llmd-default routes them
+    fixed = with_opt_in(RECOMMENDED_CONFIG.replace("- type: approx-prefix-cache-producer\n",
+                                                   "- type: approx-prefix-cache-producer\n  parameters:\n"
+                                                   "    autoTune: false\n    maxPrefixBlocksToMatch: 2147483647\n"))
+    none = _run("predicted", opt_in_share=0.0, epp_config=fixed, **kw)
     assert _same(none, _run("llmd-default", **kw)) == {}
     assert (none["routed_predicted"], none["routed_warm_up"], none["routed_heuristic"]) == (0, 0, 150)
     # share 1 without the warm-up rule routes every request as the plain policy does

@@ -18,12 +18,9 @@ from load.sim.scenarios import get_scenario
 
 @pytest.fixture(scope="module")
 def harm_config(tmp_path_factory):
-    """The recommended profile with its decode-harm-filter moved first."""
+    """The recommended profile (its decode-harm-filter first, holding requests) as a file."""
     cfg = config_text("predicted-latency-recommended")
-    assert "  - pluginRef: decode-harm-filter\n" in cfg
-    cfg = cfg.replace("  - pluginRef: decode-harm-filter\n", "", 1)
-    cfg = cfg.replace("  - pluginRef: strict-affinity-filter\n",
-                      "  - pluginRef: decode-harm-filter\n  - pluginRef: strict-affinity-filter\n", 1)
+    assert "  - pluginRef: predicted-latency-producer\n  - pluginRef: decode-harm-filter\n" in cfg
     path = tmp_path_factory.mktemp("cfg") / "harm.yaml"
     path.write_text(cfg)
     return path
@@ -44,6 +41,9 @@ def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
     m, _, router = _run(harm_config.read_text(), "")
     f = _harm_filter(router)
     assert 0 < f.filtered < m["requests"]     # it dropped endpoints, not on every decision
+    # it held some requests (holdSlackMs): each was scheduled again until placed, none was lost
+    assert 0 < router.held_requests <= router.holds == f.holds
+    assert m["completed"] == m["requests"] and m["shed"] == 0
     # tokens were streamed to the producer (its decode state measures the pace, not the prediction),
     # at most every output token after the first chunk
     assert 0 < m["streamed_tokens"] < sum(r.output_len for r in bench.prepare(get_scenario("standard-small"),
@@ -53,7 +53,7 @@ def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
 def test_true_harm_replaces_the_twins_count_which_comes_close_to_it(harm_config):
     est, _, _ = _run(harm_config.read_text(), "")
     true, _, router = _run(harm_config.read_text(), "all")
-    assert _harm_filter(router).scores.__self__.__class__ is TrueHarm
+    assert _harm_filter(router).assess.__qualname__.startswith("TrueHarm._mixer")
     # other decisions, about as good: the engine twin's count is near the simulator's true count here
     # (82.7% against 82.0% on this run)
     assert true["slo_attainment"] != est["slo_attainment"]
@@ -68,20 +68,23 @@ def test_true_harm_parts_replace_one_term_of_the_estimate(harm_config):
     assert len({m["slo_attainment"] for m, _, _ in runs.values()}) == 3
     for part in ("harm", "own"):
         f = _harm_filter(runs[part][2])
-        assert "parts" in vars(f) and "scores" not in vars(f)   # the estimate's parts, one term swapped
+        assert "assess" in vars(f)      # the estimate's terms, one swapped for the truth
         assert f"--true-harm {part}," in runs[part][2].description
 
 
 def test_true_harm_mixes_the_true_term_into_the_estimate():
-    """The mixing itself: the estimate's (harm, own, rest) per endpoint with the true term in its place."""
-    estimate = {"a": (3.0, 1.0, 2.0), "b": (0.0, 0.0, 0.0)}
+    """The mixing itself: the estimate's (harm, own, rest) per endpoint with the true term in its place
+    (``all``: the true harm and own miss alone); the twin's outcome is kept."""
+    outcome = object()
+    estimate = {"a": ((3.0, 1.0, 2.0), outcome), "b": ((0.0, 0.0, 0.0), outcome)}
     true = {"a": (1, False), "b": (2, True)}
     for part, want in (("harm", {"a": (1.0, 1.0, 2.0), "b": (2.0, 0.0, 0.0)}),
-                       ("own", {"a": (3.0, 0.0, 2.0), "b": (0.0, 1.0, 0.0)})):
+                       ("own", {"a": (3.0, 0.0, 2.0), "b": (0.0, 1.0, 0.0)}),
+                       ("all", {"a": (1.0, 0.0, 0.0), "b": (2.0, 1.0, 0.0)})):
         th = TrueHarm(part)
         th._true = lambda request, endpoints: {e.name: true[e.name] for e in endpoints}   # type: ignore[method-assign]
         mixed = th._mixer(lambda request, endpoints: dict(estimate))
-        assert mixed(None, [Endpoint("a"), Endpoint("b")]) == want
+        assert mixed(None, [Endpoint("a"), Endpoint("b")]) == {n: (terms, outcome) for n, terms in want.items()}
     with pytest.raises(ValueError, match="part 'some'"):
         TrueHarm("some")
     with pytest.raises(ValueError, match="at least 1"):
@@ -107,4 +110,4 @@ def test_true_harm_needs_a_harm_plugin_and_a_predicted_policy(harm_config, tmp_p
     assert simulate_cli.main([*base, "--true-harm-probe", "0", "--policies", "predicted"]) == 2
     assert "at least 1" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="outside a scheduling decision"):
-        TrueHarm().scores(None, [])
+        TrueHarm()._true(None, [])

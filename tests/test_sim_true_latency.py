@@ -5,15 +5,22 @@ import json
 
 import pytest
 
+from epp_client.wellknown import RECOMMENDED_CONFIG
 from load import simulate_cli
 from load.sim import bench
 from load.sim.scenarios import get_scenario
 from load.sim.true_latency import TrueLatencyPredictor
 
 
+#: the recommended profile without holds: one prediction per request (a held request is scheduled,
+#: and with true latencies simulated forward on every candidate, again every 50 ms)
+NO_HOLDS = RECOMMENDED_CONFIG.replace("    holdSlackMs: 300\n", "    holdSlackMs: 0\n")
+
+
 def _run(true_latencies: bool, limit: int = 150):
     sc = get_scenario("standard-small")
-    opts = bench.RunOptions(seed=0, limit=limit, true_latencies=true_latencies)
+    assert NO_HOLDS != RECOMMENDED_CONFIG
+    opts = bench.RunOptions(seed=0, limit=limit, true_latencies=true_latencies, epp_config=NO_HOLDS)
     arr, cap = bench.prepare(sc, opts)
     return bench.run_one(sc, arr, cap, 1.0, "predicted", opts)
 
@@ -49,7 +56,8 @@ def test_cli_records_true_latencies_in_the_results(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["meta"]["true_latencies"] is True
     assert "true latencies" in res["meta"]["policy_notes"]["predicted"]
-    assert res["results"]["0.5"]["predicted"]["predictions"] == 30
+    r = res["results"]["0.5"]["predicted"]
+    assert r["predictions"] == 30 + r.get("holds", 0)        # a held request is predicted again
 
 
 def test_cli_rejects_true_latencies_without_a_predicted_policy_or_with_servers(capsys):

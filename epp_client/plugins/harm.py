@@ -1,7 +1,7 @@
 """``decode-harm-filter`` and ``decode-harm-scorer`` (this project's; none exists upstream):
 prefer the endpoints where the request does the least harm: the fewest running requests pushed
-over their TPOT SLO by its prefill, and not a miss of its own. The filter is in the recommended
-profile after the loose affinity filter (docs/plugins.md B2.9).
+over their TPOT SLO by its prefill, and not a miss of its own. The filter is first in the
+recommended profile, holding requests (docs/plugins.md B2.9).
 
 A prompt's prefill slows every engine step of the server it lands on, and with it the decode of
 every request running there (docs/evaluation.md §4: on ``standard`` at 80% load every policy
@@ -24,6 +24,14 @@ token plus ``probeSteps`` decode steps, and without it to the same moment. The c
   cliff the twin does not model (``heterogeneous`` at 100%, seed 2: 37% with 1,293 preemptions
   without it, 60% with 315).
 
+With ``holdSlackMs`` the filter also holds requests: where the request would harm running requests
+on every endpoint it keeps, and would still have more than that much of its TTFT SLO left after
+``holdRetryMs``, it raises :class:`~epp_client.types.HoldRequest`; the scheduler answers a held
+result and the caller (the gateway, the simulator) schedules the request again ``holdRetryMs``
+later with the time held in ``InferenceRequest.waited_ms``, which the TTFT SLO is reduced by. The
+prefill goes where and when the decodes it would slow are gone, at the cost of TTFT slack the
+request did not need.
+
 The step time is linear in the batch (:class:`~epp_client.twin.StepModel`; the ``step*``
 parameters, defaults fitted to measured Llama-3-8B / A100 step times, ``engineSpeed`` divides
 them all). The filter keeps the endpoints with the lowest count (order preserved; endpoints
@@ -33,8 +41,8 @@ prediction.
 from __future__ import annotations
 
 from ..params import Plugin, ge, gt, param, within
-from ..twin import StepModel, placement
-from ..types import Endpoint, InferenceRequest, uncached_prompt_tokens
+from ..twin import Outcome, StepModel, placement
+from ..types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
 from .protocols import Filter, Scorer
 from .registry import plugin
 from .scorers import lora_affinity
@@ -105,8 +113,13 @@ class DecodeHarmCount(Plugin):
     def parts(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, tuple[float, float, float]]:
         """Per endpoint with a prediction, the count's three terms: (running requests harmed, 1 if
         the request itself misses its SLO there, adapter load + near-full KV cache)."""
+        return {name: terms for name, (terms, _) in self.assess(request, endpoints).items()}
+
+    def assess(self, request: InferenceRequest, endpoints: list[Endpoint]
+               ) -> dict[str, tuple[tuple[float, float, float], Outcome]]:
+        """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
         prompt = max(0, int(request.input_tokens))
-        out: dict[str, tuple[float, float, float]] = {}
+        out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
         for e in endpoints:
             pred = e.prediction
             if pred is None:
@@ -121,7 +134,7 @@ class DecodeHarmCount(Plugin):
                 own = _FAR * late if 0 < self.max_lateness < late else 1.0
             load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
             full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
-            out[e.name] = (float(o.harm), own, load + int(full))
+            out[e.name] = ((float(o.harm), own, load + int(full)), o)
         return out
 
     def scores(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
@@ -133,21 +146,44 @@ class DecodeHarmCount(Plugin):
 class DecodeHarmFilter(DecodeHarmCount):
     """``decode-harm-filter``: keep the endpoints where the request's prefill harms the fewest decodes."""
 
+    hold_slack_ms: float = param("holdSlackMs", default=0.0, check=ge(0.0),
+                                 doc="hold the request at the router while on every endpoint kept its prefill "
+                                     "pushes running requests over their TPOT SLO, as long as it would still have "
+                                     "more than this much of its TTFT SLO left after holdRetryMs (0: never hold)")
+
+    hold_retry_ms: float = param("holdRetryMs", default=50.0, check=gt(0.0),
+                                 doc="how long a held request waits before it is scheduled again")
+
     def setup(self) -> None:
         super().setup()
         self.filtered = 0   # requests for which some candidate was dropped
+        self.holds = 0      # scheduling attempts answered with a hold
 
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        if len(endpoints) <= 1:
+        if len(endpoints) <= 1 and self.hold_slack_ms <= 0:
             return endpoints
-        scores = self.scores(request, endpoints)
-        if not scores:
+        assessed = self.assess(request, endpoints)
+        if not assessed:
             return endpoints
-        low = min(scores.values())
-        kept = [e for e in endpoints if scores.get(e.name, float("inf")) <= low]
+        counts = {name: sum(terms) for name, (terms, _) in assessed.items()}
+        low = min(counts.values())
+        kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
+        if self.hold_slack_ms > 0:
+            self._hold(request, [assessed[e.name] for e in kept])
         if len(kept) < len(endpoints):
             self.filtered += 1
         return kept
+
+    def _hold(self, request: InferenceRequest, kept: list[tuple[tuple[float, float, float], Outcome]]) -> None:
+        """Raise :class:`HoldRequest` when the request harms running requests wherever it may go
+        and, held for ``holdRetryMs``, would still have more than ``holdSlackMs`` of its TTFT SLO
+        left on the kept endpoint where its first token comes soonest."""
+        slo = request.ttft_slo_ms          # what is left of it: the scheduler's caller sets waited_ms
+        if slo <= 0 or any(terms[0] <= 0 for terms, _ in kept):
+            return
+        if slo - min(o.ttft_ms for _, o in kept) > self.hold_slack_ms + self.hold_retry_ms:
+            self.holds += 1
+            raise HoldRequest(self.hold_retry_ms / 1000.0)
 
 
 @plugin("decode-harm-scorer", Scorer)

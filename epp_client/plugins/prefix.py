@@ -14,7 +14,16 @@ token segments) in blocks of ``block_size_tokens``, at most ``max_prefix_blocks`
 
 Parameters (upstream names): ``blockSizeTokens`` (tokens per hashed block, default 64),
 ``maxPrefixBlocksToMatch`` (default 2048), ``lruCapacityPerServer`` (blocks remembered
-per endpoint, default 31250). Thread-safe (the gateway's scrape and request tasks).
+per endpoint, default 31250), ``autoTune`` (default true, as upstream's): an endpoint that
+reports its KV cache (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size``
+tokens, :class:`~epp_client.types.EndpointMetrics`) gets an index of that size instead of
+``lruCapacityPerServer``. ``autoTuneCapacity`` says how: ``kv-tokens`` (ours, the default)
+remembers as many tokens as the engine's cache holds, ``kv_capacity_tokens /
+blockSizeTokens`` blocks; ``gpu-blocks`` is llm-d's: one index entry per GPU block, which
+with vLLM's 16-token blocks and 64-token index blocks remembers 4 times what the engine
+holds, so the index claims prefixes the engine has evicted (on ``standard`` at 80% load
+1 request in 10 is placed for a cache that is not there; docs/plugins.md B4.8).
+Thread-safe (the gateway's scrape and request tasks).
 
 Each endpoint's LRU is a :class:`~.prefix_lru.GenerationLRU`: the capacity of an
 ``OrderedDict`` LRU and, until it first fills, its matches; its eviction order but for two
@@ -27,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from ..params import Plugin, gt, param
+from ..params import Plugin, gt, one_of, param
 from ..types import Endpoint, PrefixMatch
 from .prefix_lru import GenerationLRU
 from .protocols import PrefixProducer
@@ -41,10 +50,17 @@ class ApproxPrefixProducer(Plugin):
                                    doc="leading blocks of a prompt that are hashed and matched")
     lru_capacity_per_endpoint: int = param("lruCapacityPerServer", default=31250, check=gt(0),
                                            doc="blocks remembered per endpoint (LRU)")
+    auto_tune: bool = param("autoTune", default=True,
+                            doc="size an endpoint's index from the KV cache it reports (vllm:cache_config_info) "
+                                "instead of lruCapacityPerServer")
+    auto_tune_capacity: str = param("autoTuneCapacity", default="kv-tokens", check=one_of("kv-tokens", "gpu-blocks"),
+                                    doc="with autoTune: kv-tokens remembers the tokens the engine's cache holds; "
+                                        "gpu-blocks (llm-d's) one block per GPU block it reports")
 
     def setup(self) -> None:
         self.capacity = self.lru_capacity_per_endpoint
         self._lru: dict[str, GenerationLRU] = {}
+        self._capacity: dict[str, int] = {}      # endpoint -> its auto-tuned capacity
         self._lock = threading.Lock()
         self.lookups = 0
         self.hit_blocks = 0
@@ -68,6 +84,8 @@ class ApproxPrefixProducer(Plugin):
         none = PrefixMatch(0, total, block)
         with self._lock:
             for e in endpoints:
+                if self.auto_tune and e.metrics is not None and e.metrics.cache_num_blocks > 0:
+                    self._tune(e.name, e.metrics.cache_num_blocks, e.metrics.cache_block_size)
                 lru = lrus.get(e.name)
                 n = lru.leading(hashes) if lru is not None else 0
                 e.prefix_match = PrefixMatch(n, total, block) if n else none
@@ -77,12 +95,33 @@ class ApproxPrefixProducer(Plugin):
         with self._lock:
             lru = self._lru.get(endpoint)
             if lru is None:
-                lru = self._lru[endpoint] = GenerationLRU(self.capacity)
+                lru = self._lru[endpoint] = GenerationLRU(self._capacity.get(endpoint, self.capacity))
             n = lru.record(hashes)
             self.lookups += 1
             self.hit_blocks += n
             self.total_blocks += len(hashes)
         return PrefixMatch(n, len(hashes), self.block_size_tokens)
+
+    def capacity_of(self, endpoint: str) -> int:
+        """Blocks the endpoint's index holds at most."""
+        with self._lock:
+            return self._capacity.get(endpoint, self.capacity)
+
+    def _tune(self, endpoint: str, gpu_blocks: int, block_size: int) -> None:
+        """The endpoint reports its KV cache: size its index to it (lock held). A changed size
+        rebuilds the index with its most recently used blocks, in order (rare: the engine
+        restarted with another cache)."""
+        if self.auto_tune_capacity == "gpu-blocks" or block_size <= 0:
+            cap = gpu_blocks
+        else:
+            cap = max(1, gpu_blocks * block_size // self.block_size_tokens)
+        if self._capacity.get(endpoint) == cap:
+            return
+        self._capacity[endpoint] = cap
+        old = self._lru.get(endpoint)
+        if old is not None and old.capacity != cap:
+            lru = self._lru[endpoint] = GenerationLRU(cap)
+            lru.record(old.order()[-cap:])
 
     def forget(self, endpoint: str) -> None:
         """Drop an endpoint's entries (e.g. the engine restarted and lost its cache)."""

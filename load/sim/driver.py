@@ -6,13 +6,17 @@ calls of :mod:`epp_client.lifecycle` on a policy, with simulated time, exactly a
 gateway does with real time: ``schedule`` at arrival (candidates carry the *scraped*
 metrics and, for prefix-aware policies, the approximate prefix producer's match; the
 policy adds its own in-flight counters), ``pre_request`` at dispatch, ``on_first_chunk``
-at the first token, ``on_complete`` at the end. The policy is an epp_client
+at the first token, ``on_complete`` at the end. A request the policy holds (a filter's
+``HoldRequest``: ``res.held``) is kept and scheduled again at its due time, from the engine's
+wake-ups (``on_wake``), with the time held in ``waited_ms``, as the gateway does on its event
+loop. The policy is an epp_client
 ``Scheduler`` (``epp_routers``) or a heuristic (``routers``: random, round-robin,
 least-queue, oracle; ``lora_v1``).
 """
 from __future__ import annotations
 
 import hashlib
+import heapq
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,6 +26,7 @@ from epp_client.plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
 from epp_client.plugins.opt_in import OPT_IN_HEADER
 from epp_client.plugins.prefix import ApproxPrefixProducer
 
+from .engine import DEFERRED
 from .request import SimRequest
 from .workloads import SEG
 
@@ -35,6 +40,10 @@ PREFIX_BLOCK = 64
 #: Without a configured producer the simulator matches whole prompts (no block cap; the
 #: Mooncake synthetic trace has prompts past the gateway's 2048 x 64 tokens).
 UNCAPPED = 2**31 - 1
+#: Without a configured producer, the index keeps llm-d's fixed ``lruCapacityPerServer`` (31,250
+#: entries, what llm-d's autoTune also gives on the 500,000-token servers of ``standard``), as in
+#: every earlier session: the llm-d policies' figures and the recorded traces stay comparable.
+DEFAULT_INDEX_AUTO_TUNE = False
 
 
 class BaseRouter:
@@ -126,6 +135,10 @@ class LifecycleRouter(BaseRouter):
         self.current: SimRequest | None = None   # the request being scheduled (for the oracle)
         self._streamed: dict[int, int] = {}        # request id -> tokens reported to the policy so far
         self.streamed_tokens = 0                   # tokens reported after first chunks (on_chunk)
+        self._held: list = []                      # heap of (due time, request id, request) held by a filter
+        self._held_since: dict[int, float] = {}    # request id -> when it was first held
+        self.holds = 0                             # scheduling attempts answered with a hold
+        self.held_requests = 0                     # requests held at least once
         self.tick_interval_s = learner.tick_interval_s if learner is not None else 0.0
 
     def bind(self, sim) -> None:
@@ -137,7 +150,8 @@ class LifecycleRouter(BaseRouter):
             self.lifecycle.bind(sim, self)
         if self.use_prefix:
             self.prefix = (getattr(self.lifecycle, "prefix_producer", None)
-                           or ApproxPrefixProducer(PREFIX_BLOCK, max_prefix_blocks=UNCAPPED))
+                           or ApproxPrefixProducer(PREFIX_BLOCK, max_prefix_blocks=UNCAPPED,
+                                                   auto_tune=DEFAULT_INDEX_AUTO_TUNE))
             if SEG % self.prefix.block_size_tokens:
                 raise ValueError(f"approx-prefix-cache-producer: blockSizeTokens must divide the simulator's "
                                  f"{SEG}-token prefix segments, got {self.prefix.block_size_tokens}")
@@ -152,10 +166,12 @@ class LifecycleRouter(BaseRouter):
             raise RuntimeError(f"router {self.name!r}: route() before bind()")
         scraped = self.sim.scraped
         eps = self.endpoints
+        servers = self.sim.servers
         for i, e in enumerate(eps):
             m = scraped[i]
+            spec = servers[i].spec    # vllm:cache_config_info: the engine's KV blocks, as configured
             e.metrics = EndpointMetrics(m.kv_cache_usage, m.waiting, m.running, m.active_lora, m.waiting_lora,
-                                        m.max_lora)
+                                        m.max_lora, spec.num_blocks, spec.block_size)
             e.inflight = None
         hashes = None
         if self.prefix is not None:
@@ -169,8 +185,10 @@ class LifecycleRouter(BaseRouter):
             headers["x-llm-d-slo-tpot-ms"] = f"{req.tpot_slo_ms:.3f}"
         if self.opt_in_share is not None and opt_in_draw(self.seed, req.rid) < self.opt_in_share:
             headers[OPT_IN_HEADER] = "true"
+        held_since = self._held_since.get(req.rid)
         ireq = InferenceRequest(request_id=str(req.rid), headers=headers, priority=req.priority,
-                                input_tokens=req.input_len, target_model=req.lora, streaming=True)
+                                input_tokens=req.input_len, target_model=req.lora, streaming=True,
+                                waited_ms=(now - held_since) * 1000.0 if held_since is not None else 0.0)
         if getattr(self.lifecycle, "producer", None) is not None:
             self._stream_tokens(now)
         self.current = req
@@ -178,10 +196,39 @@ class LifecycleRouter(BaseRouter):
             res = self.lifecycle.schedule(ireq, eps, now=now)
         finally:
             self.current = None
+        if res.held:        # a filter holds it: schedule it again later (on_wake)
+            self._hold(req, now, res.retry_after_s)
+            return DEFERRED
+        self._held_since.pop(req.rid, None)
         if not res.ok:
             return None
         req.ctx = (ireq, res, hashes)
         return self.by_name[res.endpoint.name]
+
+    def _hold(self, req: SimRequest, now: float, after_s: float) -> None:
+        assert self.sim is not None
+        if req.rid not in self._held_since:
+            self._held_since[req.rid] = now
+            self.held_requests += 1
+        due = now + after_s
+        heapq.heappush(self._held, (due, req.rid, req))
+        self.holds += 1
+        self.sim.wake(due)
+
+    def on_wake(self, now: float) -> None:
+        """Schedule again the held requests that are due, earliest arrival first."""
+        held, sim = self._held, self.sim
+        due = []
+        while held and held[0][0] <= now:
+            due.append(heapq.heappop(held)[2])
+        if sim is None:
+            return
+        for req in sorted(due, key=lambda r: (r.arrival, r.rid)):
+            idx = self.route(req, now)
+            if idx is None:
+                req.shed = True
+            elif idx != DEFERRED:
+                sim.dispatch(req, idx, now)
 
     def _stream_tokens(self, now: float) -> None:
         """Report the tokens every running request generated since the last report (``on_chunk``),
@@ -244,6 +291,9 @@ class LifecycleRouter(BaseRouter):
             for (_, decision), n in handler.decisions.items():
                 routes[decision] = routes.get(decision, 0) + n
             out.update({f"routed_{d.replace('-', '_')}": n for d, n in routes.items()})
+        if self.holds:
+            out["holds"] = self.holds
+            out["held_requests"] = self.held_requests
         if self.learner is not None:
             out.update(self.learner.stats())
         return out

@@ -37,9 +37,10 @@ _SLO_WIRING = ("streaming producer, affinity filters, SLO tier filter, latency s
 #: policy -> (EndpointPickerConfig, description)
 PREDICTED_CONFIGS = {
     "predicted": (RECOMMENDED_CONFIG, "predicted latency, the recommended profile (well-known config "
-                                      "predicted-latency-recommended: predicted-latency-slo with the latency scorer "
-                                      "preferring the most headroom, the KV-cache utilization and LoRA affinity "
-                                      "scorers beside it and a max-score picker)"),
+                                      "predicted-latency-recommended: predicted-latency-slo with the decode-harm "
+                                      "filter first, holding requests, a prefix index sized to the KV cache, the "
+                                      "latency scorer preferring the most headroom, the KV-cache utilization and "
+                                      "LoRA affinity scorers beside it and a max-score picker)"),
     "predicted-llmd": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "
                                                      f"predicted-latency-slo ({_SLO_WIRING})"),
     "predicted-upstream": (PREDICTED_LATENCY_SLO_CONFIG, f"predicted latency, llm-d's well-known config "

@@ -97,8 +97,10 @@ class FlowSimRouter:
         return DEFERRED
 
     def on_wake(self, now: float) -> None:
-        self._wake_at = None
-        self._pump(now)
+        self.inner.on_wake(now)             # requests the inner policy holds
+        if self.flow is not None:
+            self._wake_at = None
+            self._pump(now)
 
     def on_dispatch(self, req: SimRequest, idx: int, now: float) -> None:
         self.inner.on_dispatch(req, idx, now)
@@ -124,6 +126,8 @@ class FlowSimRouter:
         if idx is None:
             self._reject(req, ADMISSION_DENIED, now)
             return False
+        if idx == DEFERRED:     # the inner policy holds it and dispatches it itself (its on_wake)
+            return True
         self._sim().dispatch(req, idx, now)
         if req.shed:
             self._reject(req, NEVER_FITS, now)

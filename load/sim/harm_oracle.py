@@ -116,10 +116,7 @@ class TrueHarm:
         for profile in scheduler.profiles:
             for plugin in (*profile.filters, *(s for s, _ in profile.scorers)):
                 if isinstance(plugin, DecodeHarmCount):
-                    if self.part == "all":
-                        plugin.scores = self.scores   # type: ignore[method-assign]
-                    else:
-                        plugin.parts = self._mixer(plugin.parts)   # type: ignore[method-assign]
+                    plugin.assess = self._mixer(plugin.assess)   # type: ignore[method-assign]
                     n += 1
         return n
 
@@ -136,14 +133,17 @@ class TrueHarm:
             out[e.name] = (int(count) - (own > 1.0), own > 1.0)
         return out
 
-    def scores(self, request, endpoints) -> dict[str, float]:
-        return {name: float(harm + own) for name, (harm, own) in self._true(request, endpoints).items()}
-
     def _mixer(self, estimate):
-        def parts(request, endpoints):
+        """The plugin's ``assess`` with the true terms in place of the estimated ones (``all``: the
+        true harm and own miss alone); the twin's outcome stays (a hold reads its TTFT)."""
+        def assess(request, endpoints):
             est = estimate(request, endpoints)
             true = self._true(request, [e for e in endpoints if e.name in est])
-            if self.part == "harm":
-                return {n: (float(true[n][0]), own, rest) for n, (_, own, rest) in est.items()}
-            return {n: (harm, float(true[n][1]), rest) for n, (harm, _, rest) in est.items()}
-        return parts
+            out = {}
+            for n, ((harm, own, rest), outcome) in est.items():
+                th, town = float(true[n][0]), float(true[n][1])
+                terms = ((th, town, 0.0) if self.part == "all" else (th, own, rest) if self.part == "harm"
+                         else (harm, town, rest))
+                out[n] = (terms, outcome)
+            return out
+        return assess

@@ -25,7 +25,7 @@ from epp_client.scheduler import Scheduler
 
 from . import workloads as W
 from .driver import LifecycleRouter
-from .engine import ClusterConfig
+from .engine import DEFERRED, ClusterConfig
 from .epp_routers import _Sink
 from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
 from .report import summarize
@@ -62,6 +62,9 @@ class PDRouter(LifecycleRouter):
         idx = super().route(req, now)
         if idx is None:
             return None
+        if idx == DEFERRED:
+            raise ValueError(f"{self.name}: a filter held a request (holdSlackMs); holds are not supported "
+                             "on P/D pools")
         pre = req.ctx[1].picks.get("prefill")
         if pre is None:
             return idx
