@@ -140,10 +140,10 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
     while steps < max_steps:
         room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
         j = head
-        chunks: list[tuple[int, int]] = []
+        chunks: list[tuple[int, int]] | None = [] if new_i >= 0 and fork is None else None   # until the fork
         while j < n_queue and room > 0:
             i = queue[j]
-            if i == new_i and fork is None:
+            if i == new_i and chunks is not None and fork is None:
                 st.decodes, st.context, st.t, st.steps, st.head = decodes, context, t, steps, head
                 fork = st.copy(chunks, queue[:-1])
             n = max(1, min(left[i], room))          # a fully cached prompt still takes a step
@@ -152,7 +152,7 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
             done[i] += n
             room -= n
             tokens += n
-            if new_i >= 0 and fork is None:
+            if chunks is not None and fork is None:
                 chunks.append((i, n))
             if left[i] <= 0:
                 ready.append(i)

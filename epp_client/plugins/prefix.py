@@ -37,7 +37,7 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from ..params import Plugin, gt, one_of, param
-from ..types import Endpoint, PrefixMatch
+from ..types import Endpoint, EndpointMetrics, PrefixMatch
 from .prefix_lru import GenerationLRU
 from .protocols import PrefixProducer
 from .registry import plugin
@@ -85,7 +85,7 @@ class ApproxPrefixProducer(Plugin):
         with self._lock:
             for e in endpoints:
                 if self.auto_tune and e.metrics is not None and e.metrics.cache_num_blocks > 0:
-                    self._tune(e.name, e.metrics.cache_num_blocks, e.metrics.cache_block_size)
+                    self._tune(e.name, e.metrics)
                 lru = lrus.get(e.name)
                 n = lru.leading(hashes) if lru is not None else 0
                 e.prefix_match = PrefixMatch(n, total, block) if n else none
@@ -107,14 +107,14 @@ class ApproxPrefixProducer(Plugin):
         with self._lock:
             return self._capacity.get(endpoint, self.capacity)
 
-    def _tune(self, endpoint: str, gpu_blocks: int, block_size: int) -> None:
+    def _tune(self, endpoint: str, m: EndpointMetrics) -> None:
         """The endpoint reports its KV cache: size its index to it (lock held). A changed size
         rebuilds the index with its most recently used blocks, in order (rare: the engine
         restarted with another cache)."""
-        if self.auto_tune_capacity == "gpu-blocks" or block_size <= 0:
-            cap = gpu_blocks
+        if self.auto_tune_capacity == "gpu-blocks" or m.cache_block_size <= 0:
+            cap = m.cache_num_blocks
         else:
-            cap = max(1, gpu_blocks * block_size // self.block_size_tokens)
+            cap = max(1, m.kv_capacity_tokens // self.block_size_tokens)
         if self._capacity.get(endpoint) == cap:
             return
         self._capacity[endpoint] = cap
