@@ -53,8 +53,11 @@ class BundleServer:
         self.fault: str | None = None
         #: serve this version as the latest instead of the newest one
         self.latest: str | None = None
-        #: seconds to stall before answering a model-file request (a hung publisher)
-        self.file_delay = 0.0
+        #: while set, model-file requests stall until ``release_files`` is called (a hung publisher)
+        self.stall_files = False
+        self._released = threading.Event()
+        #: model-file requests stalled right now (an ordering witness for timeout tests)
+        self.stalled = 0
         self.requests: list[str] = []
         outer = self
 
@@ -96,8 +99,10 @@ class BundleServer:
                     if not path.is_file() or parts[3] == MANIFEST:
                         return self._reply(404, b"{}")
                     data = path.read_bytes()
-                    if outer.file_delay:
-                        time.sleep(outer.file_delay)
+                    if outer.stall_files:
+                        outer.stalled += 1
+                        outer._released.wait(60)
+                        outer.stalled -= 1
                     if outer.fault == "corrupt":
                         data = bytes([data[0] ^ 0xFF]) + data[1:]
                     if outer.fault == "truncate":
@@ -110,6 +115,11 @@ class BundleServer:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="bundle-server", daemon=True)
         self._thread.start()
+
+    def release_files(self) -> None:
+        """End every stall of model-file requests, and stall no more."""
+        self.stall_files = False
+        self._released.set()
 
     def stop(self) -> None:
         """Shut down and close the listening socket (clients then get connection refused)."""
