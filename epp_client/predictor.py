@@ -39,10 +39,9 @@ from features.schema import FieldError, parse_row
 from .breaker import CircuitBreaker
 from .coalescer import Coalescer
 from .httpclient import HttpTransport, ServerAddress, TransportError
+from .settings import MAX_BULK_SIZE, PredictorSettings
 
 PREDICT_PATH = "/predict/bulk/strict"
-#: upstream MaxBulkSize (LATENCY_MAX_BULK_SIZE, 1..100)
-MAX_BULK_SIZE = 100
 
 
 @dataclass
@@ -204,8 +203,6 @@ class PredictorClient:
     def from_env(cls, **overrides: Any) -> PredictorClient:
         """Upstream environment variables (B1.6, declared in ``epp_client.settings``); a bad
         value raises SettingsError naming the variable. Keyword overrides win."""
-        from .settings import PredictorSettings
-
         kw: dict[str, Any] = PredictorSettings.from_env().kwargs()
         kw.update(overrides)
         return cls(**kw)

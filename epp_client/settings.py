@@ -13,9 +13,10 @@ from typing import Any
 
 from features.settings import EnvSettings, SettingsError, http_url, integer, setting, url_list
 
-from .predictor import MAX_BULK_SIZE
-
 __all__ = ["PredictorSettings", "ReporterSettings", "SettingsError"]
+
+#: upstream MaxBulkSize (LATENCY_MAX_BULK_SIZE, 1..100)
+MAX_BULK_SIZE = 100
 
 
 def _whole_seconds(v: Any) -> float:

@@ -6,7 +6,6 @@ ones. One :class:`Endpoint` per data-parallel rank (B4.6): ``name`` is unique pe
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,10 +204,6 @@ class Admission:
 
 
 ADMITTED = Admission(True)
-
-
-def finite_or_zero(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
 
 
 #: Pod annotation listing the active data-parallel ports (B4.6), then its legacy alias.

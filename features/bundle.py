@@ -80,14 +80,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def validate_manifest(m: Any) -> dict:
     """Check a manifest's structure; raise BundleError naming the bad key."""
     if not isinstance(m, Mapping):

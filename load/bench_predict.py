@@ -45,7 +45,7 @@ HOST = "127.0.0.1"
 
 def _sample_rows(n: int) -> list[dict]:
     from features.schema import row_from_raw
-    from prediction_server.demo_bundle import load_trace
+    from load.demo_bundle import load_trace
 
     raw, _, _ = load_trace()
     return [row_from_raw(raw[(i * 37) % len(raw)]) for i in range(n)]
@@ -177,7 +177,7 @@ def swap_check(server: Server, bundle_dir: Path, body: bytes, seconds: float, ki
     import os
 
     from features.bundle import list_bundles, version_seq
-    from prediction_server.demo_bundle import build_bundle
+    from load.demo_bundle import build_bundle
 
     staging = bundle_dir.parent / "staging"
     seq0 = version_seq(list_bundles(bundle_dir)[-1].name)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_list = [int(x) for x in args.rows.split(",")]
     conc_list = [int(x) for x in args.concurrency.split(",")]
 
-    from prediction_server.demo_bundle import build_bundle
+    from load.demo_bundle import build_bundle
 
     pin = None
     if not args.no_pin and (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity"):

@@ -9,7 +9,6 @@ Modules:
 - ``app``: ``create_app(settings) -> FastAPI``; prediction routes are raw ASGI handlers.
 - ``metrics``: per-app Prometheus registry.
 - ``acceptance``: which bundle may replace the served one (lineage, version).
-- ``demo_bundle``: real bundles from a recorded trace (tests and ``load/bench_predict.py``).
 
 The loaded bundle and the manifest are ``features.loaded`` and ``features.manifest`` (shared
 with the training server; the two servers never import each other).

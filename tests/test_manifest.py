@@ -16,7 +16,7 @@ from features.matrix import REGIME_NAMES, TARGETS
 from features.prior import DEFAULT_PRIOR
 from features.scoring import evaluate_bundle
 from load.data import SHAREGPT
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from training_server import evaluate, trainer
 
 LINEAGE = {"id": "5f0c2a9e4b7d41c8", "created_at": 1796212345.25}

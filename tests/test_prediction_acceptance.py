@@ -22,7 +22,7 @@ import pytest
 from features.bundle import MANIFEST, BundleError, list_bundles, make_version, validate_manifest
 from features.matrix import REGIME_NAMES
 from prediction_server.app import create_app
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from prediction_server.settings import Settings
 from support.servers import BundleServer, run_app
 

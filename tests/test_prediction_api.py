@@ -1,7 +1,7 @@
 """Prediction server HTTP API: wire shapes, errors, prior/readiness, identical numbers, whatif.
 
 Real servers: the app under uvicorn on loopback, real XGBoost/LightGBM bundles trained on
-the recorded sharegpt trace (prediction_server.demo_bundle), loaded from a bundle dir.
+the recorded sharegpt trace (load.demo_bundle), loaded from a bundle dir.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from features.bundle import read_bundle
 from features.schema import ROW_FIELDS, parse_row, row_from_raw
 from prediction_server.app import create_app
-from prediction_server.demo_bundle import build_bundle, load_trace
+from load.demo_bundle import build_bundle, load_trace
 from features.loaded import LoadedBundle
 from prediction_server.batcher import StrictBatcher
 from prediction_server.service import PredictionService

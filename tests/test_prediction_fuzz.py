@@ -13,7 +13,7 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error, r
                                  status_code_conformance)
 
 from prediction_server.app import create_app
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from prediction_server.settings import Settings
 from support.servers import run_app
 

@@ -23,7 +23,7 @@ import pytest
 from load.ports import free_port
 from conftest import start_server, stop_server, wait_http
 from features.bundle import MANIFEST, list_bundles
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from support.servers import BundleServer
 
 MB = 1024 * 1024

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prediction_server.__main__ import main
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from prediction_server.settings import Settings, SettingsError
 from load.ports import free_port
 

@@ -19,7 +19,7 @@ import pytest
 from features.bundle import MANIFEST, list_bundles, make_version, read_bundle
 from features.schema import parse_row, row_from_raw
 from prediction_server.app import create_app
-from prediction_server.demo_bundle import build_bundle, load_trace
+from load.demo_bundle import build_bundle, load_trace
 from features.loaded import LoadedBundle
 from prediction_server.service import PredictionService
 from prediction_server.settings import Settings

@@ -1,7 +1,8 @@
-"""The package structure: the training server and the prediction server never import each other.
+"""The package structure: the training server and the prediction server never import each other,
+and no product package imports the lab (``load``: simulator, benchmarks, shipped data sets).
 
-What both need (the manifest, the loaded bundle, scoring) lives in ``features``; test helpers
-live under ``tests/``. The scan reads every module of both packages with ``ast`` (so imports
+What both servers need (the manifest, the loaded bundle, scoring, reading data files) lives in
+``features``; test helpers live under ``tests/``. The scan reads every module of both packages with ``ast`` (so imports
 inside functions count too) and resolves relative imports against the module's package.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERVERS = ("training_server", "prediction_server")
+#: the packages a user deploys or imports; ``load`` may import them, never the reverse
+PRODUCT = ("features", "training_server", "prediction_server", "epp_client", "gateway", "latency_cli")
 
 
 def imported_modules(source: str, package: str) -> set[str]:
@@ -35,9 +38,8 @@ def imported_modules(source: str, package: str) -> set[str]:
     return out
 
 
-def forbidden_imports(package: str) -> dict[str, list[str]]:
-    """{module file: [imported modules of the other server package]} for one server package."""
-    other = next(p for p in SERVERS if p != package)
+def forbidden_imports(package: str, other: str) -> dict[str, list[str]]:
+    """{module file: [imported modules of package ``other``]} for every module of ``package``."""
     found: dict[str, list[str]] = {}
     files = sorted((REPO / package).rglob("*.py"))
     assert files, f"no modules found under {REPO / package}"
@@ -73,7 +75,18 @@ def test_the_scan_reads_real_imports():
 
 @pytest.mark.parametrize("package", SERVERS)
 def test_servers_do_not_import_each_other(package):
-    assert forbidden_imports(package) == {}, "move what both servers need to features/"
+    other = next(p for p in SERVERS if p != package)
+    assert forbidden_imports(package, other) == {}, "move what both servers need to features/"
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_product_packages_do_not_import_the_lab(package):
+    assert forbidden_imports(package, "load") == {}, "product code reads data through features/, never load/"
+
+
+def test_the_lab_scan_sees_an_import_of_load():
+    """Positive witness: the same scan finds ``load`` where the lab imports itself."""
+    assert "load/demo_bundle.py" in forbidden_imports("load", "load")
 
 
 def test_both_servers_render_the_same_prediction_object():

@@ -17,7 +17,7 @@ from features.bundle import MANIFEST, list_bundles, make_version, make_lineage, 
 from features.matrix import TARGETS, schema_description
 from features.prior import DEFAULT_PRIOR
 from features.schema import SCHEMA_VERSION, parse_training_entry
-from prediction_server.demo_bundle import build_bundle
+from load.demo_bundle import build_bundle
 from training_server.app import create_app
 from training_server.service import TrainingService
 from training_server.registry import Registry

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from features.files import open_data
 from features.matrix import REGIME_NAMES, TARGETS, regimes
 from features.schema import FieldError, parse_training_entry
 from features.scoring import evaluate_predictions
@@ -71,8 +72,6 @@ class Trace:
 
 def read_trace(path: str | Path) -> Trace:
     """Parse a JSONL trace of training entries; TraceError on the first malformed line."""
-    from load.data import open_data
-
     path = Path(path)
     rows, ttft, tpot, ts, pt, pp = [], [], [], [], [], []
     try:

@@ -38,12 +38,6 @@ def strata(raw: np.ndarray) -> np.ndarray:
     return (q * KV_BUCKETS + kv) * PREFIX_BUCKETS + p
 
 
-def stratum_name(s: int) -> str:
-    q, rest = divmod(int(s), KV_BUCKETS * PREFIX_BUCKETS)
-    kv, p = divmod(rest, PREFIX_BUCKETS)
-    return f"queue{q}{'+' if q == QUEUE_BUCKETS - 1 else ''}_kv{kv * 10}-{kv * 10 + 10}_prefixq{p}"
-
-
 def test_threshold(ratio: float) -> int:
     return int(round(ratio * _HASH_MOD))
 
