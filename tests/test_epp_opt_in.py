@@ -196,3 +196,18 @@ def test_well_known_configs_by_name(tmp_path):
     assert isinstance(Scheduler.from_config(config_text(str(f))).profiles[0].scorers[0][0], QueueScorer)
     with pytest.raises(OSError):
         config_text(str(tmp_path / "missing.yaml"))
+
+
+def test_well_known_configs_are_the_shipped_yaml_files():
+    """Each name is a plain YAML file under epp_client/profiles/, read as it is (no code builds
+    a config by editing another); an installed copy carries them as package data."""
+    from epp_client.wellknown import PROFILES_DIR, REFERENCE_CONFIG
+
+    files = {p.stem: p.read_text(encoding="utf-8") for p in PROFILES_DIR.glob("*.yaml")}
+    assert set(WELL_KNOWN_CONFIGS) | {"helm-reference"} == set(files)
+    for name in WELL_KNOWN_CONFIGS:
+        assert config_text(name) == files[name]
+        assert yaml.safe_load(files[name])["kind"] == "EndpointPickerConfig"
+    assert REFERENCE_CONFIG == files["helm-reference"]
+    pyproject = (PROFILES_DIR.parents[1] / "pyproject.toml").read_text()
+    assert '"epp_client" = ["profiles/*.yaml"]' in pyproject
