@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_cli(os.environ, {
             "host": ("--host", args.host), "port": ("--port", args.port),
             "training_server_url": ("--training-server-url", args.training_server_url),
-            "bundle_dir": ("--bundle-dir", args.bundle_dir), "sync_interval_sec": ("--sync-interval", args.sync_interval),
+            "bundle_dir": ("--bundle-dir", args.bundle_dir),
+            "sync_interval_sec": ("--sync-interval", args.sync_interval),
             "enable_bench_routes": ("--enable-bench-routes", args.enable_bench_routes)})
     except SettingsError as e:
         print(f"latency-prediction-server: bad setting {e}", file=sys.stderr)
