@@ -4,7 +4,9 @@ The training server listens on ``--port`` (else ``LATENCY_TRAINING_PORT``, else 
 the prediction servers on consecutive ports from ``--prediction-port`` (else
 ``LATENCY_PREDICTION_PORT``, else the port after the training server's), each polling the
 training server for bundles. The data directory is ``--data-dir`` (else ``LATENCY_DATA_DIR``).
-The variables are parsed by the servers' own settings; a bad one is refused (exit 2) naming it. Ctrl-C (or SIGTERM)
+The variables are parsed by the servers' own settings; a bad one is refused (exit 2) naming it,
+and so are busy ports and a data directory another training server holds, before anything
+starts. Ctrl-C (or SIGTERM)
 stops all of them; if one of them dies, the others are stopped too and the exit code is
 non-zero. Every child is a real server process started with the same console commands a
 deployment uses (``latency-training-server`` / ``latency-prediction-server``).
