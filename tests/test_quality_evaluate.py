@@ -16,7 +16,7 @@ from conftest import SHAREGPT, load_jsonl
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory):
     p = tmp_path_factory.mktemp("traces") / "sharegpt-part.jsonl"
-    rows = load_jsonl(SHAREGPT, limit=1200)
+    rows = load_jsonl(SHAREGPT, limit=600)
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p, rows
 

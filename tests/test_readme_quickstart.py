@@ -82,8 +82,9 @@ def servers(tmp_path_factory):
     """``latency-predictor up`` on free ports; a ``latency-predictor`` on PATH running this checkout."""
     tmp = tmp_path_factory.mktemp("quickstart")
     port = free_ports(2)
+    env = dict(os.environ, LATENCY_RETRAINING_INTERVAL_SEC="0.5")   # the first bundle sooner
     proc = subprocess.Popen([sys.executable, "-m", "latency_cli.main", "up", "--port", str(port),
-                             "--data-dir", str(tmp / "data")], cwd=REPO, stdout=subprocess.PIPE,
+                             "--data-dir", str(tmp / "data")], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         lines = []
