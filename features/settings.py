@@ -127,6 +127,18 @@ class EnvSettings:
                     values[name] = raw
         return cls(**values)
 
+    @classmethod
+    def from_cli(cls: type[S], environ: Mapping[str, str] | None, flags: Mapping[str, tuple[str, Any]]) -> S:
+        """:meth:`from_env` with command-line flags: ``flags`` maps an attribute to (flag, value;
+        None = not given). A bad value the user gave as a flag is named by that flag, the others
+        by their variable."""
+        try:
+            return cls.from_env(environ, **{attr: value for attr, (_flag, value) in flags.items()})
+        except SettingsError as e:
+            env = cls.env_names()
+            given = {env.get(attr, attr): flag for attr, (flag, value) in flags.items() if value is not None}
+            raise SettingsError("", "", [(given.get(name, name), msg) for name, msg in e.problems]) from None
+
     def replace(self: S, **changes: Any) -> S:
         """A copy with ``changes`` applied, validated again."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]

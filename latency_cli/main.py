@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("latency_cli.up", "start one training server and N prediction servers on loopback"),
     "simulate": ("load.simulate_cli", "run a simulated-cluster routing benchmark and write a report"),
     "evaluate": ("training_server.evaluate", "offline accuracy evaluation of the trainer on recorded traces"),
+    "whatif": ("latency_cli.whatif", "predict TTFT/TPOT over a grid of row values on a running prediction server"),
     "gateway": ("gateway", "OpenAI-compatible routing gateway in front of model servers"),
 }
 

@@ -4,7 +4,9 @@ The training server listens on ``--port`` (else ``LATENCY_TRAINING_PORT``, else 
 the prediction servers on consecutive ports from ``--prediction-port`` (else
 ``LATENCY_PREDICTION_PORT``, else the port after the training server's), each polling the
 training server for bundles. The data directory is ``--data-dir`` (else ``LATENCY_DATA_DIR``).
-The variables are parsed by the servers' own settings; a bad one is refused (exit 2) naming it. Ctrl-C (or SIGTERM)
+The variables are parsed by the servers' own settings; a bad one is refused (exit 2) naming it,
+and so are busy ports and a data directory another training server holds, before anything
+starts. Ctrl-C (or SIGTERM)
 stops all of them; if one of them dies, the others are stopped too and the exit code is
 non-zero. Every child is a real server process started with the same console commands a
 deployment uses (``latency-training-server`` / ``latency-prediction-server``).
@@ -12,8 +14,10 @@ deployment uses (``latency-training-server`` / ``latency-prediction-server``).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,15 +111,17 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     args = ap.parse_args(argv)
     if not 0 <= args.prediction_servers <= 64:
         ap.error("--prediction-servers must be between 0 and 64")
-    flags = {"LATENCY_TRAINING_PORT": ("--port", args.port), "LATENCY_DATA_DIR": ("--data-dir", args.data_dir)}
+    read = ("LATENCY_TRAINING_PORT", "LATENCY_DATA_DIR")
     try:  # only the variables up reads: the children validate the rest themselves
-        ts = TrainingSettings.from_env({k: env[k] for k in flags if k in env}, port=args.port, data_dir=args.data_dir)
+        ts = TrainingSettings.from_cli({k: env[k] for k in read if k in env},
+                                       {"port": ("--port", args.port), "data_dir": ("--data-dir", args.data_dir)})
     except SettingsError as e:
-        ap.error("; ".join(f"{flags[env][0]}: {msg}" if flags[env][1] is not None else f"{env}: {msg}"
-                           for env, msg in e.problems))
-    args.port, args.data_dir = ts.port, str(ts.data_dir)
-    args.port_source = "--port" if flags["LATENCY_TRAINING_PORT"][1] is not None else (
+        ap.error(str(e))
+    args.port_source = "--port" if args.port is not None else (
         "LATENCY_TRAINING_PORT" if env.get("LATENCY_TRAINING_PORT") else "default")
+    args.data_dir_source = "--data-dir" if args.data_dir is not None else (
+        "LATENCY_DATA_DIR" if env.get("LATENCY_DATA_DIR") else "data directory")
+    args.port, args.data_dir = ts.port, str(ts.data_dir)
     if args.prediction_port is not None:
         args.prediction_port_source = "--prediction-port"
     elif env.get("LATENCY_PREDICTION_PORT", "").strip():
@@ -151,12 +157,42 @@ def describe_ports(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """True if a server listens on ``host:port`` (bound as uvicorn binds: SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def preflight(args: argparse.Namespace) -> list[str]:
+    """Why ``up`` cannot start (empty: it can): a port already taken, the data directory in use by
+    another training server or not usable. Checked before anything starts, so a second ``up``
+    leaves the first one alone."""
+    from training_server.datadir import DataDirError, check_free
+
+    problems = []
+    ports = [(args.port, args.port_source)]
+    ports += [(p, args.prediction_port_source)
+              for p in range(args.prediction_port, args.prediction_port + args.prediction_servers)]
+    for port, source in ports:
+        if port_in_use(args.host, port):
+            problems.append(f"port {port} ({source}) is already in use on {args.host}")
+    try:
+        check_free(Path(args.data_dir))
+    except DataDirError as e:
+        problems.append(f"{args.data_dir_source} {e}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        print(f"latency-predictor up: --data-dir {args.data_dir}: cannot create it: {e.strerror}", file=sys.stderr)
+    problems = preflight(args)
+    if problems:
+        print(f"latency-predictor up: {'; '.join(problems)}; nothing started", file=sys.stderr)
         return 2
     children = build_children(args.host, args.port, args.prediction_servers, args.data_dir, args.prediction_port)
     for line in describe_ports(args):

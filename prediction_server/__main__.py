@@ -37,10 +37,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        settings = Settings.from_env(os.environ, host=args.host, port=args.port,
-                                     training_server_url=args.training_server_url, bundle_dir=args.bundle_dir,
-                                     sync_interval_sec=args.sync_interval,
-                                     enable_bench_routes=args.enable_bench_routes)
+        settings = Settings.from_cli(os.environ, {
+            "host": ("--host", args.host), "port": ("--port", args.port),
+            "training_server_url": ("--training-server-url", args.training_server_url),
+            "bundle_dir": ("--bundle-dir", args.bundle_dir),
+            "sync_interval_sec": ("--sync-interval", args.sync_interval),
+            "enable_bench_routes": ("--enable-bench-routes", args.enable_bench_routes)})
     except SettingsError as e:
         print(f"latency-prediction-server: bad setting {e}", file=sys.stderr)
         return 2

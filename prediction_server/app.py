@@ -174,8 +174,9 @@ def _schemas(max_rows: int) -> dict[str, Any]:
                                 **counts}}
     grid_value = {"anyOf": [{"type": ["number", "string"]},
                             {"type": "array", "items": {"type": ["number", "string"]}, "minItems": 1}]}
-    whatif_body = {"type": "object", "properties": {
-        "request": {**row, "required": [], "description": "partial row: fields not in the grid"},
+    whatif_body = {"type": "object", "additionalProperties": False, "properties": {
+        "request": {**row, "required": [], "additionalProperties": False,
+                    "description": "partial row: fields not in the grid (an unknown field is a 422)"},
         "grid": {"type": "object", "additionalProperties": grid_value,
                  "propertyNames": {"enum": list(row["properties"])},
                  "description": "field -> value or list of values; every combination is predicted"},

@@ -31,6 +31,7 @@ from .settings import Settings, redact_url
 log = logging.getLogger("prediction_server")
 
 JSON = "application/json"
+_WHATIF_KEYS = ("request", "grid", "max_points")  # the what-if body's fields
 
 
 class HTTPError(Exception):
@@ -287,12 +288,20 @@ class PredictionService:
     def _whatif_body(self, obj: Any) -> tuple[dict, list[str], list[list], list[bool]]:
         if type(obj) is not dict:
             raise field_error(["body"], f"body must be a JSON object, got {type(obj).__name__}", "type_error")
+        for key in obj:  # a typo would otherwise be ignored silently (the what-if is this project's own API)
+            if key not in _WHATIF_KEYS:
+                raise field_error(["body", key], f"unknown field; the body's fields are {list(_WHATIF_KEYS)}",
+                                  "value_error")
         base = obj.get("request", {})
         if base is None:
             base = {}
         if type(base) is not dict:
             raise field_error(["body", "request"], f"must be an object (a partial row), got {type(base).__name__}",
                               "type_error")
+        for name in base:
+            if name not in COL:
+                raise field_error(["body", "request", name], f"unknown field; row fields are {list(RAW_COLUMNS)}",
+                                  "value_error")
         grid = obj.get("grid", {})
         if grid is None:
             grid = {}
@@ -307,7 +316,7 @@ class PredictionService:
         total = 1
         for name, value in grid.items():
             if name not in COL:
-                raise field_error(["body", "grid", name], f"unknown field; grid fields are {list(RAW_COLUMNS)}",
+                raise field_error(["body", "grid", name], f"unknown field; row fields are {list(RAW_COLUMNS)}",
                                   "value_error")
             lst = type(value) is list
             values = value if lst else [value]

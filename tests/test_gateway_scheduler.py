@@ -178,13 +178,14 @@ def test_fallback_when_prediction_servers_are_down(servers, engines):
     gw, srv = start(servers["tmp"], [e.url for e in engines], ADMITTER_CONFIG, dead, servers["training"])
     try:
         for i in range(4):
-            t0 = time.monotonic()
             r = httpx.post(srv.url + "/v1/completions", timeout=10,
                            json={"prompt": f"q{i}", "max_tokens": 3, "stream": True},
                            headers={"x-llm-d-slo-ttft-ms": "100", "x-llm-d-slo-tpot-ms": "50",
                                     "x-llm-d-priority": "-1"})  # fail-open admission too
             assert r.status_code == 200
-            assert time.monotonic() - t0 < 5
+        # the dead servers refused at once: no prediction call waited out its deadline
+        failures = gw.router.producer.predictor.metrics.failures
+        assert failures and "timeout" not in failures, failures
         assert all(rec.fallback and rec.predicted_ttft_ms is None for rec in gw.records)
         m = httpx.get(srv.url + "/metrics").text
         assert 'latency_gateway_fallbacks_total{reason="no-predictions"} 4.0' in m

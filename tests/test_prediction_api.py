@@ -365,8 +365,13 @@ def test_whatif_grid(learned):
     ({"request": [1], "grid": {}}, ["body", "request"]),
     ({"request": ROW, "grid": [1]}, ["body", "grid"]),
     ([], ["body"]),
+    # typos are refused, not ignored (the bulk endpoints ignore unknown row fields, as llm-d's do)
+    ({"request": dict(ROW, num_request_wating=8), "grid": {}}, ["body", "request", "num_request_wating"]),
+    ({"request": ROW, "grids": {"num_request_waiting": [0, 8]}}, ["body", "grids"]),
 ])
 def test_whatif_errors(learned, body, loc):
     r = learned.post("/v1/whatif", json=body)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == loc
+    if loc[-1] in ("num_request_wating", "grids"):
+        assert r.json()["detail"][0]["msg"].startswith("unknown field; ")

@@ -16,7 +16,7 @@ from conftest import SHAREGPT, load_jsonl
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory):
     p = tmp_path_factory.mktemp("traces") / "sharegpt-part.jsonl"
-    rows = load_jsonl(SHAREGPT, limit=1200)
+    rows = load_jsonl(SHAREGPT, limit=600)
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p, rows
 
@@ -148,9 +148,25 @@ def test_params_and_ablation_reach_our_recipe_only(small_trace, monkeypatch, cap
     assert json.loads(capsys.readouterr().out)["traces"]["sharegpt-part"]["ttft"]["reference"]
 
 
-@pytest.mark.parametrize("bad", ["max_depth", "=3", "max_depth="])
-def test_malformed_param_is_a_usage_error(small_trace, capsys, bad):
+@pytest.mark.parametrize("bad, message", [
+    ("max_depth", "--param 'max_depth': expected NAME=VALUE"),
+    ("=3", "--param '=3': expected NAME=VALUE"),
+    ("max_depth=", "--param 'max_depth=': expected NAME=VALUE"),
+    # a typo names the parameter and the known ones, instead of being ignored
+    ("maxdepth=6", "--param maxdepth: unknown hyper-parameter; known: colsample_bytree, gamma, learning_rate, "
+                   "max_bin, max_depth, min_child_weight, n_estimators, reg_alpha, reg_lambda, subsample, tree_method"),
+    ("max_depth=abc", "--param max_depth=abc: must be an integer (the recipe uses 4)"),
+    ("learning_rate=fast", "--param learning_rate=fast: must be a number (the recipe uses 0.1)"),
+])
+def test_bad_param_is_one_line_naming_it(small_trace, capsys, bad, message):
     path, _ = small_trace
-    with pytest.raises(SystemExit) as e:
-        cli_main(["evaluate", str(path), "--param", bad])
-    assert e.value.code == 2 and "NAME=VALUE" in capsys.readouterr().err
+    assert cli_main(["evaluate", str(path), "--model-type", "xgboost", "--param", bad]) == 2
+    assert capsys.readouterr().err == f"latency-predictor evaluate: {message}\n"
+
+
+def test_a_param_the_model_library_refuses_is_one_line(small_trace, capsys):
+    path, _ = small_trace
+    assert cli_main(["evaluate", str(path), "--model-type", "xgboost", "--seeds", "1", "--protocol", "random",
+                     "--param", "max_depth=-1"]) == 2
+    assert capsys.readouterr().err == ("latency-predictor evaluate: xgboost refused --param max_depth=-1: "
+                                       "value -1 for Parameter max_depth should be greater equal to 0\n")

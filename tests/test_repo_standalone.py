@@ -84,8 +84,13 @@ def test_every_shipped_file_is_declared_package_data_and_lands_in_the_wheel(tmp_
 
 def test_readme_starts_with_the_two_commands_and_links_existing_docs():
     readme = (REPO / "README.md").read_text()
-    assert readme.startswith("```bash\npython3 -m pip install -e . && latency-predictor up\n"
-                             "python3 -m pip install -e '.[test]' && python3 -m pytest\n```\n")
+    # each command sets up a virtual environment first: a system Python that refuses global
+    # installs (PEP 668) runs them as they are
+    venv = "python3 -m venv --system-site-packages .venv && . .venv/bin/activate && "
+    assert readme.startswith(f"```bash\n{venv}pip install -e . && latency-predictor up\n"
+                             f"{venv}pip install -e '.[test]' && python3 -m pytest\n```\n")
+    assert "sed -n 3p README.md" in (REPO / ".ci" / "run").read_text()   # CI runs the second one
+    assert ".venv/" in (REPO / ".gitignore").read_text().split()
     links = re.findall(r"\]\(((?:docs|charts)/[^)#]+)\)", readme)
     assert {"docs/architecture.md", "docs/wire-api.md", "docs/plugins.md", "docs/evaluation.md"} <= set(links)
     assert all((REPO / link).is_file() for link in links)

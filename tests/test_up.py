@@ -12,7 +12,7 @@ import pytest
 
 from load.ports import free_ports
 from conftest import REPO
-from latency_cli.up import build_children, parse_args
+from latency_cli.up import build_children, parse_args, port_in_use
 
 
 def test_children_follow_the_port_contract():
@@ -81,6 +81,38 @@ def test_data_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
     assert r.returncode == 2 and "--data-dir" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_standalone_training_server_refuses_a_data_dir_in_use_or_unusable(tmp_path):
+    from training_server.datadir import claim
+
+    fd = claim(tmp_path / "d")  # this process holds the directory, as a running server does
+    try:
+        r = subprocess.run([sys.executable, "-m", "training_server", "--port", str(free_ports(1)),
+                            "--data-dir", str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == (f"latency-training-server: --data-dir {tmp_path / 'd'}: "
+                                    f"in use by another training server (pid {os.getpid()})")
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "d" / "samples.sqlite3").exists()  # the store was never opened
+    # a directory it cannot create (EPERM even as root), named by the variable it came from
+    r = subprocess.run([sys.executable, "-m", "training_server", "--port", str(free_ports(1))], cwd=REPO,
+                       env=dict(os.environ, LATENCY_DATA_DIR="/sys/latency-data"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("latency-training-server: LATENCY_DATA_DIR /sys/latency-data:")
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_server_errors_name_the_flag_the_user_passed(tmp_path):
+    for module, prog in (("training_server", "latency-training-server"), ("prediction_server", "latency-prediction-server")):
+        r = subprocess.run([sys.executable, "-m", module, "--port", "99999"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith(f"{prog}: bad setting --port: "), r.stderr
+        var = "LATENCY_TRAINING_PORT" if module == "training_server" else "LATENCY_PREDICTION_PORT"
+        r = subprocess.run([sys.executable, "-m", module], cwd=REPO, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **{var: "99999"}))
+        assert r.returncode == 2 and r.stderr.startswith(f"{prog}: bad setting {var}: "), r.stderr
+
+
 def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
     # the ports come from the servers' own variables (no --port flag)
     port = free_ports(3)
@@ -115,6 +147,23 @@ def test_up_starts_wired_servers_and_ctrl_c_stops_them(tmp_path):
                 assert r.status_code == 200 and r.json()["predictions"][0]["model_source"] == "prior"
             assert c.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
         assert (tmp_path / "data" / "samples.sqlite3").exists()
+        # a second up on the same ports, then on free ports but the same data directory: each
+        # refuses before starting anything (one line, exit 2), and the first one keeps serving
+        other = free_ports(2)
+        for argv, named in ((["--prediction-servers", "2"], f"port {port} (LATENCY_TRAINING_PORT) is already in use"),
+                            (["--port", str(other), "--prediction-port", str(other + 1)],
+                             f"--data-dir {tmp_path / 'data'}: in use by another training server (pid ")):
+            second = subprocess.run([sys.executable, "-m", "latency_cli.main", "up", *argv,
+                                     "--data-dir", str(tmp_path / "data")],
+                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            assert second.returncode == 2 and named in second.stderr, second.stderr
+            assert second.stdout == "" and len(second.stderr.strip().splitlines()) == 1, second.stderr
+        for p in (other, other + 1):  # nothing was started on the free ports
+            assert not port_in_use("127.0.0.1", p)
+        with httpx.Client(timeout=5) as c:
+            assert c.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+            assert c.get(f"http://127.0.0.1:{pport}/status").json()["training_server_url"] == f"http://127.0.0.1:{port}"
+        assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -27,9 +27,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        settings = Settings.from_env(os.environ, host=args.host, port=args.port, data_dir=args.data_dir)
+        settings = Settings.from_cli(os.environ, {"host": ("--host", args.host), "port": ("--port", args.port),
+                                                  "data_dir": ("--data-dir", args.data_dir)})
     except SettingsError as e:
         print(f"latency-training-server: bad setting {e}", file=sys.stderr)
+        return 2
+    from .datadir import DataDirError, claim
+
+    try:  # held until the process ends: one server per data directory
+        claim(settings.data_dir)
+    except DataDirError as e:
+        source = "--data-dir" if args.data_dir is not None else Settings.env_name("data_dir")
+        print(f"latency-training-server: {source} {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

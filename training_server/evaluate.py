@@ -222,22 +222,30 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
     return out
 
 
-def parse_params(items: Sequence[str]) -> dict[str, Any]:
-    """``NAME=VALUE`` strings -> {name: int | float | str}; ValueError names a bad item."""
+def recipe_params(model_type: str) -> dict[str, Any]:
+    """The hyper-parameters of our recipe for ``model_type``, with their values (what ``--param``
+    may override)."""
+    return dict(trainer.DEFAULT_XGB if model_type == "xgboost" else trainer.DEFAULT_LGB)
+
+
+def parse_params(items: Sequence[str], recipe: dict[str, Any]) -> dict[str, Any]:
+    """``NAME=VALUE`` strings -> {name: value of the type the recipe's own value has}; ValueError
+    names a malformed item, an unknown name (with the known ones) or a value of the wrong type."""
     out: dict[str, Any] = {}
     for item in items:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
             raise ValueError(f"--param {item!r}: expected NAME=VALUE")
-        for conv in (int, float):
-            try:
-                out[name] = conv(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[name] = value
+        if name not in recipe:
+            raise ValueError(f"--param {name}: unknown hyper-parameter; known: {', '.join(sorted(recipe))}")
+        current = recipe[name]
+        conv, kind = ((int, "an integer") if isinstance(current, int)
+                      else (float, "a number") if isinstance(current, float) else (str, "a string"))
+        try:
+            out[name] = conv(value)
+        except ValueError:
+            raise ValueError(f"--param {name}={value}: must be {kind} (the recipe uses {current})") from None
     return out
 
 
@@ -266,10 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--seeds must be >= 1")
     if not 0 < args.quantile < 1:
         p.error("--quantile must be in (0, 1)")
+    model_type = args.model_type or production_config().model_type
     try:
-        params = parse_params(args.param)
-    except ValueError as e:
-        p.error(str(e))
+        params = parse_params(args.param, recipe_params(model_type))
+    except ValueError as e:  # one line (a typo is not a usage problem worth the whole usage text)
+        print(f"latency-predictor evaluate: {e}", file=sys.stderr)
+        return 2
     try:
         traces = [read_trace(t) for t in args.traces]
     except TraceError as e:
@@ -283,8 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = production_config(args.quantile, **overrides)
     results: dict[str, dict] = {}
     for tr in traces:
-        res = evaluate_trace(tr, seeds=args.seeds, quantile=args.quantile, config=cfg,
-                             keep_predictions=bool(args.plots), protocol=args.protocol)
+        try:
+            res = evaluate_trace(tr, seeds=args.seeds, quantile=args.quantile, config=cfg,
+                                 keep_predictions=bool(args.plots), protocol=args.protocol)
+        except Exception as e:  # noqa: BLE001 (the model library's own checks, e.g. max_depth=-1)
+            if not params:
+                raise
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(f"latency-predictor evaluate: {model_type} refused --param {' '.join(args.param)}: {reason}",
+                  file=sys.stderr)
+            return 2
         if args.plots:
             for t, r in res.items():
                 write_plots(tr.name, t, r, args.quantile, Path(args.plots))
