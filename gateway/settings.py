@@ -123,6 +123,11 @@ class GatewaySettings(EnvSettings):
     # x-llm-d-inference-objective -> priority (--objective NAME=PRIORITY)
     objectives: dict[str, int] = setting(None, {}, _objectives)
 
+    def check(self) -> None:
+        if self.ejection_base_s > self.ejection_max_s:
+            raise SettingsError("LATENCY_GATEWAY_EJECTION_BASE_S", f"must not exceed LATENCY_GATEWAY_EJECTION_MAX_S "
+                                f"({self.ejection_base_s} > {self.ejection_max_s})")
+
     @classmethod
     def from_env_and_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewaySettings:
         """``args`` (argparse dict, None = unset; keys that are no setting are ignored)
