@@ -1,8 +1,6 @@
 """ASGI application: the proxy routes, /metrics, /healthz and the /gateway/* admin endpoints."""
 from __future__ import annotations
 
-import orjson
-
 from .admin import ADMIN_PREFIX, admin, authorized
 from .core import ROUTES, Gateway
 

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 import orjson
@@ -32,12 +33,12 @@ from epp_client.lifecycle import RequestLifecycle
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
-from .downstream import ClientWatch, Disconnected, TooLarge, read_body
-from .headers import ClientHeaders, HeaderError, downstream, ingress, upstream
+from .downstream import ClientWatch, Disconnected, TooLarge, aclose_quietly, first_nonempty, read_body
+from .headers import ClientHeaders, HeaderError, downstream, ingress, priority, upstream
 from .health import Breaker
 from .metrics import GatewayMetrics
 from .prompt import BodyError, block_hashes, extract_prompt
-from .records import RequestRecord, Records
+from .records import Records, RequestRecord, measure
 from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
 from .settings import GatewaySettings
@@ -66,8 +67,10 @@ class Unsendable(Exception):
 
 
 class Gateway:
-    def __init__(self, settings: GatewaySettings, router: RequestLifecycle | None = None) -> None:
+    def __init__(self, settings: GatewaySettings, router: RequestLifecycle | None = None,
+                 health_clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.health_clock = health_clock   # what endpoint ejections are timed by (monotonic seconds)
         self.endpoints = [EndpointState(name=f"ep{i}-{u.split('://', 1)[-1]}", url=u, breaker=Breaker(
             settings.eject_after_failures, settings.ejection_base_s, settings.ejection_max_s))
                           for i, u in enumerate(settings.endpoints)]
@@ -125,19 +128,7 @@ class Gateway:
         p = extract_prompt(body, chat)
         rid = headers.get("x-request-id") or uuid.uuid4().hex
         headers["x-request-id"] = rid
-        prio = 0
-        obj = headers.get("x-llm-d-inference-objective") or headers.get("x-gateway-inference-objective")
-        if obj:
-            prio = self.settings.objectives.get(obj, 0)
-        if "x-llm-d-priority" in headers:
-            raw = headers["x-llm-d-priority"].strip()
-            try:
-                asked = int(raw) if len(raw) <= 20 else None
-            except ValueError:
-                asked = None
-            if asked is None:
-                raise BodyError("header.x-llm-d-priority", "must be an integer")
-            prio = asked if asked in self.priorities else 0
+        prio = priority(headers, self.settings.objectives, self.priorities)
         info = InferenceRequest(request_id=rid, headers=headers, priority=prio, input_tokens=p.input_tokens,
                                 target_model=p.model, streaming=p.streaming, max_tokens=p.max_tokens)
         hashes = block_hashes(p.text, self.prefix.block_size_tokens, self.prefix.max_prefix_blocks)
@@ -145,7 +136,7 @@ class Gateway:
 
     def candidates(self, hashes: list[int]) -> list[Endpoint]:
         """The healthy endpoints (all when none is), with their prefix match."""
-        now = time.monotonic()
+        now = self.health_clock()
         eps = [to_endpoint(e) for e in self.endpoints if e.healthy(now)] or [to_endpoint(e) for e in self.endpoints]
         self.prefix.produce(hashes, eps)
         return eps
@@ -267,10 +258,10 @@ class Gateway:
 
     def _failed(self, ep: EndpointState) -> None:
         """A failure of the endpoint's own making (never the client's)."""
-        if ep.breaker.failure(time.monotonic()):
+        if ep.breaker.failure(self.health_clock()):
             self.metrics.ejections.labels(endpoint=ep.name).inc()
             log.warning("endpoint %s ejected for %.1f s after failed requests", ep.url,
-                        ep.breaker.remaining_s(time.monotonic()))
+                        ep.breaker.remaining_s(self.health_clock()))
 
     async def _attempt(self, send, path: str, ch: ClientHeaders, info: InferenceRequest, hashes, raw,
                        decision: Routing, cand: Endpoint, attempt: int):
@@ -298,7 +289,7 @@ class Gateway:
                 if status >= 500:
                     raise UpstreamFailed("status", f"HTTP {status}")
                 it = resp.aiter_raw()
-                first = await asyncio.wait_for(_first_nonempty(it),
+                first = await asyncio.wait_for(first_nonempty(it),
                                                max(0.001, s.first_byte_timeout_s - (time.monotonic() - t0)))
                 if first is None and status < 400:
                     raise UpstreamFailed("first-byte", "closed without a body")
@@ -360,7 +351,7 @@ class Gateway:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if resp is not None:
-                await _aclose_quietly(resp)
+                await aclose_quietly(resp)
             if not finished:  # failed, timed out or cancelled: no sample, a failed outcome (counted by the caller)
                 t_end = time.monotonic()
                 if started:
@@ -372,34 +363,21 @@ class Gateway:
 
     def _finish(self, path, info, decision, ep, status, ok, obs, bobs, t0, t_first, t_end, attempt, match,
                 client_id: str, counted: bool = True) -> None:
-        e2e = (t_end - t0) * 1000.0
-        if obs is not None:
-            tokens, chunks = obs.tokens, obs.content_events
-            ttft = (t_first - t0) * 1000.0 if t_first is not None else None
-        else:
-            tokens = bobs.tokens or 0
-            chunks = 1
-            ttft = e2e  # E2E mode: the whole reply is the "first token"
-        tpot = None
-        if ttft is not None and obs is not None and tokens > 1:
-            tpot = (e2e - ttft) / (tokens - 1)
-        if ok and ttft is None:
-            ok = False  # a stream that never produced a token trains nothing
-        self.driver.complete(decision, info, Outcome(ok, status, ttft, e2e, tokens, chunks), t_end)
+        m = measure(obs, bobs, t0, t_first, t_end)
+        ok = ok and m.ttft_ms is not None   # a stream that never produced a token trains nothing
+        self.driver.complete(decision, info, Outcome(ok, status, m.ttft_ms, m.e2e_ms, m.tokens, m.chunks), t_end)
         if counted:
             self.metrics.requests.labels(path=path, status=str(status)).inc()
-        self.metrics.observe(info, ep.name, ok, ttft, tpot, e2e)
+        self.metrics.observe(info, ep.name, ok, m.ttft_ms, m.tpot_ms, m.e2e_ms)
         pred = (decision.predicted or {}).get(ep.name)
         self.history.append(RequestRecord(
             request_id=info.request_id, client_request_id=client_id, endpoint=ep.name, status=status, ok=ok,
             streaming=info.streaming, input_tokens=info.input_tokens,
             prefix_match_blocks=match.match_blocks, prefix_total_blocks=match.total_blocks,
-            ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, tokens=tokens,
+            ttft_ms=m.ttft_ms, tpot_ms=m.tpot_ms, e2e_ms=m.e2e_ms, tokens=m.tokens,
             predicted_ttft_ms=pred[0] if pred else None, predicted_tpot_ms=pred[1] if pred else None,
             model_version=decision.model_version, fallback=decision.fallback, decision=decision.result.decision,
-            attempts=attempt,
-            ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms,
-            finished_at=time.time()))
+            attempts=attempt, ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms, finished_at=time.time()))
 
     # ---- small responses -------------------------------------------------------------
     async def _json(self, send, status: int, obj: dict, path: str, extra=()) -> None:
@@ -417,17 +395,3 @@ class Gateway:
 
     def records_since(self, since: int, limit: int = 1000) -> dict:
         return self.history.since(since, limit)
-
-
-async def _first_nonempty(it) -> bytes | None:
-    async for chunk in it:
-        if chunk:
-            return chunk
-    return None
-
-
-async def _aclose_quietly(resp: httpx.Response) -> None:
-    try:
-        await asyncio.shield(resp.aclose())
-    except BaseException:  # noqa: BLE001 - closing is best effort
-        pass

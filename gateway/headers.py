@@ -16,6 +16,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from .prompt import BodyError
+
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length",
                         "proxy-connection"})
@@ -96,3 +98,22 @@ def downstream(raw: list[tuple[bytes, bytes]], client: ClientHeaders, destinatio
     out.append((CLIENT_ID.encode(), (client.client_id or client.gateway_id).encode("latin-1")))
     out.append((GATEWAY_ID.encode(), client.gateway_id.encode()))
     return out
+
+
+def priority(view: dict[str, str], objectives: dict[str, int], allowed: set[int]) -> int:
+    """The request's priority: ``x-llm-d-priority`` when it is one of ``allowed`` (any other
+    integer counts as 0: a client cannot create bands), else its objective's, else 0."""
+    prio = 0
+    obj = view.get("x-llm-d-inference-objective") or view.get("x-gateway-inference-objective")
+    if obj:
+        prio = objectives.get(obj, 0)
+    if "x-llm-d-priority" in view:
+        raw = view["x-llm-d-priority"].strip()
+        try:
+            asked = int(raw) if len(raw) <= 20 else None
+        except ValueError:
+            asked = None
+        if asked is None:
+            raise BodyError("header.x-llm-d-priority", "must be an integer")
+        prio = asked if asked in allowed else 0
+    return prio

@@ -1,7 +1,6 @@
 """The gateway's own Prometheus metrics (one registry per gateway, no global state)."""
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -66,7 +65,7 @@ class GatewayMetrics:
             inflight.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).requests)
             inflight_tok.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).tokens)
             kv.labels(endpoint=e.name).set_function(lambda: e.metrics.kv_cache_usage or 0.0)
-            healthy.labels(endpoint=e.name).set_function(lambda: float(e.healthy(time.monotonic())))
+            healthy.labels(endpoint=e.name).set_function(lambda: float(e.healthy(gw.health_clock())))
 
         for ep in gw.endpoints:
             per_endpoint(ep)

@@ -33,6 +33,29 @@ class RequestRecord:
     finished_at: float
 
 
+@dataclass
+class Measured:
+    ttft_ms: float | None      # from dispatch to the first token (streaming) or the whole reply
+    tpot_ms: float | None
+    e2e_ms: float
+    tokens: int
+    chunks: int                # content events (streaming) or 1
+
+
+def measure(obs, bobs, t0: float, t_first: float | None, t_end: float) -> Measured:
+    """One request's latencies and tokens from its observer (``sse.StreamObserver`` when
+    streaming, else ``sse.BodyObserver``) and its times (monotonic seconds)."""
+    e2e = (t_end - t0) * 1000.0
+    if obs is not None:
+        tokens, chunks = obs.tokens, obs.content_events
+        ttft = (t_first - t0) * 1000.0 if t_first is not None else None
+    else:
+        tokens, chunks = bobs.tokens or 0, 1
+        ttft = e2e  # E2E mode: the whole reply is the "first token"
+    tpot = (e2e - ttft) / (tokens - 1) if ttft is not None and obs is not None and tokens > 1 else None
+    return Measured(ttft, tpot, e2e, tokens, chunks)
+
+
 class Records:
     """The last ``capacity`` records, numbered from 1 in finishing order."""
 

@@ -113,10 +113,10 @@ def make_app(state: EngineState, name: str):
             req = None
         if not isinstance(req, dict):
             return await _json(send, 400, {"error": {"message": "body: not a JSON object"}}, name)
-        for seen, item in ((state.received, req), (state.headers, {k.decode(): v.decode("latin-1")
-                                                                   for k, v in scope["headers"]}),
-                           (state.raw_headers, list(scope["headers"]))):
-            seen.append(item)
+        state.received.append(req)
+        state.headers.append({k.decode(): v.decode("latin-1") for k, v in scope["headers"]})
+        state.raw_headers.append(list(scope["headers"]))
+        for seen in (state.received, state.headers, state.raw_headers):
             if len(seen) > state.keep_received:
                 del seen[: len(seen) - state.keep_received]
         chat = scope["path"].endswith("/chat/completions")
@@ -148,6 +148,10 @@ def make_app(state: EngineState, name: str):
     return app
 
 
+async def _event(send, ev: dict) -> None:
+    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(ev) + b"\n\n", "more_body": True})
+
+
 async def _json(send, status: int, obj: dict, name: str) -> None:
     body = orjson.dumps(obj)
     await send({"type": "http.response.start", "status": status,
@@ -172,7 +176,7 @@ async def _serve(send, state: EngineState, req: dict, chat: bool, n: int, name: 
         if chat:  # like vLLM: a role-only chunk right away (not a token)
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub",
                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(ev) + b"\n\n", "more_body": True})
+            await _event(send, ev)
         await asyncio.sleep(state.first_token_delay)
         for i in range(n):
             if i:
@@ -182,12 +186,12 @@ async def _serve(send, state: EngineState, req: dict, chat: bool, n: int, name: 
             choice = ({"index": 0, "delta": {"content": token_text(i)}, "finish_reason": None} if chat
                       else {"index": 0, "text": token_text(i), "finish_reason": None})
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub", "choices": [choice]}
-            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(ev) + b"\n\n", "more_body": True})
+            await _event(send, ev)
         so = req.get("stream_options") or {}
         if isinstance(so, dict) and so.get("include_usage"):
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub", "choices": [],
                   "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}}
-            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(ev) + b"\n\n", "more_body": True})
+            await _event(send, ev)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         return
     await asyncio.sleep(state.first_token_delay + state.token_delay * max(0, n - 1))

@@ -100,9 +100,10 @@ def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_pa
             full = post(srv.url, "b")                        # the band holds one request
             assert full.status_code == 429
             assert full.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+            assert full.headers["retry-after"] == "1"      # when to try again
             r = queued.result()
         assert r.status_code == 429
-        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired" and r.headers["retry-after"] == "1"
         assert "rejected-ttl-expired" in r.json()["error"]["message"]
         assert sum(len(e.state.received) for e in engines) == 0
         m = httpx.get(srv.url + "/metrics").text

@@ -4,6 +4,7 @@ ids, routing-internal headers stripped, bounded priorities, holds and headers.""
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -32,10 +33,10 @@ flowControl:
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
 
-def start(urls, router, **kw):
+def start(urls, router, clock=time.monotonic, **kw):
     kw.setdefault("scrape_interval_s", 0.05)
     s = GatewaySettings(endpoints=urls, port=free_port(), admin_token=ADMIN_TOKEN, **kw)
-    gw = Gateway(s, router)
+    gw = Gateway(s, router, health_clock=clock)
     return gw, ServerThread(build_app(gw), s.port).start()
 
 
@@ -126,7 +127,7 @@ def test_every_failure_kind_releases_what_it_accounted(engines):
 
 def test_the_accounting_key_is_the_gateways_own_id(engines):
     eng = engines[0]
-    eng.state.token_delay = 0.1
+    eng.state.token_delay = 0.2      # the four streams overlap
     gw, srv = start([eng.url], FixedOrder())
     try:
         def stream(_):
