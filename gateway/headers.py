@@ -93,7 +93,8 @@ def upstream(client: ClientHeaders, destination: str) -> list[tuple[bytes, bytes
 def downstream(raw: list[tuple[bytes, bytes]], client: ClientHeaders, destination: str) -> list[tuple[bytes, bytes]]:
     """Response headers for the client: the engine's (hop-by-hop and ids dropped), the
     destination, the client's id echoed (the gateway's when it sent none) and the gateway's id."""
-    out = [(k, v) for k, v in raw if k.lower().decode("latin-1") not in HOP_BY_HOP | INTERNAL | {CLIENT_ID}]
+    drop = HOP_BY_HOP | INTERNAL | {CLIENT_ID, "date", "server"}    # the gateway's server sets date and server
+    out = [(k, v) for k, v in raw if k.lower().decode("latin-1") not in drop]
     out.append((b"x-gateway-destination-endpoint", destination.encode()))
     out.append((CLIENT_ID.encode(), (client.client_id or client.gateway_id).encode("latin-1")))
     out.append((GATEWAY_ID.encode(), client.gateway_id.encode()))
