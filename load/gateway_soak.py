@@ -35,6 +35,7 @@ import httpx
 import orjson
 
 from load.ports import free_ports
+from load.real_engine.procs import Proc
 
 REPO = Path(__file__).resolve().parents[1]
 FLOW_CONFIG = """plugins:
@@ -60,30 +61,22 @@ class Tally:
     sent: int = 0
 
 
-class Proc:
-    def __init__(self, name: str, cmd: list[str], out: Path, env: dict[str, str] | None = None) -> None:
-        self.name, self.cmd, self.log = name, cmd, out / f"{name}.log"
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        self.p: subprocess.Popen | None = None
-        self.log.write_bytes(b"")
-        self.start()
+class Restartable(Proc):
+    """A child process (``load.real_engine.procs.Proc``) that can be killed and started again."""
 
-    def start(self) -> None:
-        with open(self.log, "ab") as f:
-            self.p = subprocess.Popen(self.cmd, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT)
+    def __init__(self, name: str, cmd: list[str], out: Path, env: dict[str, str] | None = None) -> None:
+        (out / f"{name}.log").write_bytes(b"")
+        self.cmd, self.env = cmd, {"PYTHONPATH": str(REPO), **(env or {})}
+        super().__init__(name, cmd, out, self.env)
 
     def kill(self) -> None:
-        if self.p is not None and self.p.poll() is None:
+        if self.p.poll() is None:
             self.p.send_signal(signal.SIGKILL)
             self.p.wait(10)
 
-    def stop(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def restart(self) -> None:
+        self.p = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, **self.env})
 
 
 def rss_mb(pid: int) -> float:
@@ -179,7 +172,8 @@ async def drive(url: str, a: argparse.Namespace, tally: Tally, deadline: float, 
         await asyncio.gather(*(worker(i) for i in range(a.concurrency)))
 
 
-async def restarts(engines: list[Proc], every: float, rng: random.Random, stop: asyncio.Event, log: list) -> None:
+async def restarts(engines: list[Restartable], every: float, rng: random.Random, stop: asyncio.Event,
+                   log: list) -> None:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), every)
@@ -190,19 +184,7 @@ async def restarts(engines: list[Proc], every: float, rng: random.Random, stop: 
         e.kill()
         log.append(e.name)
         await asyncio.sleep(0.5)
-        e.start()
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+        e.restart()
 
 
 def final_checks(gw_url: str, token: str, a: argparse.Namespace, tally: Tally) -> dict:
@@ -263,14 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     base = free_ports(a.engines + 1)   # below the ephemeral range: a restarted engine gets its port back
     ports = list(range(base, base + a.engines + 1))
     py = sys.executable
-    engines = [Proc(f"engine{i}", [py, "-m", "gateway.stub_engine", "--port", str(p), "--name", f"e{i}",
+    engines = [Restartable(f"engine{i}", [py, "-m", "gateway.stub_engine", "--port", str(p), "--name", f"e{i}",
                                    "--first-token-ms", "5", "--token-ms", "2", "--error-rate", str(a.error_rate),
                                    "--hang-rate", str(a.hang_rate), "--die-rate", str(a.die_rate),
                                    "--seed", str(a.seed + i)], out)
                for i, p in enumerate(ports[:-1])]
     token = secrets.token_hex(16)
     gw_url = f"http://127.0.0.1:{ports[-1]}"
-    gw = Proc("gateway", [py, "-m", "latency_cli.main", "gateway", "--port", str(ports[-1]), "--endpoints",
+    gw = Restartable("gateway", [py, "-m", "latency_cli.main", "gateway", "--port", str(ports[-1]), "--endpoints",
                           ",".join(f"http://127.0.0.1:{p}" for p in ports[:-1]), "--config", str(out / "epp.yaml"),
                           "--first-byte-timeout", "2", "--idle-timeout", "2", "--request-timeout", "60",
                           "--log-level", "warning"], out,
@@ -279,10 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     tally = Tally()
     killed: list[str] = []
     try:
-        for p in ports[:-1]:
-            wait_http(f"http://127.0.0.1:{p}/metrics")
-        wait_http(gw_url + "/healthz")
-        assert gw.p is not None
+        for e, p in zip(engines, ports, strict=False):
+            e.wait_http(f"http://127.0.0.1:{p}/metrics", 60)
+        gw.wait_http(gw_url + "/healthz", 60)
         warm: dict = {"pid": gw.p.pid}
         t0 = time.monotonic()
 
@@ -299,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(run())
         wall = time.monotonic() - t0
-        for p in ports[:-1]:
-            wait_http(f"http://127.0.0.1:{p}/metrics")
+        for e, p in zip(engines, ports, strict=False):
+            e.wait_http(f"http://127.0.0.1:{p}/metrics", 60)
         state = final_checks(gw_url, token, a, tally)
         rss_end = rss_mb(gw.p.pid)
         rss_warm = warm.get("rss", rss_end)
@@ -310,9 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         gw.stop()
         for e in engines:
             e.stop()
-    log_text = gw.log.read_text(errors="replace")
-    if "Traceback" in log_text:
-        tally.violations.append(f"traceback in the gateway's log {gw.log}")
+    if "Traceback" in gw.log_path.read_text(errors="replace"):
+        tally.violations.append(f"traceback in the gateway's log {gw.log_path}")
     by_status: collections.Counter = collections.Counter()
     for (_kind, status), n in tally.statuses.items():
         by_status[status] += n

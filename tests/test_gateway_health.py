@@ -9,6 +9,7 @@ import sys
 import httpx
 
 from gateway.health import Breaker
+from load.real_engine.procs import Proc
 from fake_engine import FakeEngine, admin_get, engines, free_port  # noqa: F401 (fixture)
 from test_gateway_hostile import BODY, raw_post, start
 from test_gateway_proxy import FixedOrder, wait_until
@@ -94,7 +95,7 @@ def test_client_behaviour_cannot_eject_an_engine(engines):
 
 def test_the_first_byte_timeout_is_not_the_idle_timeout(engines):
     """A non-streaming generation longer than the idle timeout, within the first-byte one, is
-    generated once and answered; a stream idle longer than the idle timeout is cut."""
+    generated once and answered (test_gateway_proxy: a stream idle past the idle timeout is cut)."""
     for e in engines:
         e.state.first_token_delay = 0.8
     gw, srv = start([e.url for e in engines], FixedOrder(), first_byte_timeout_s=10, idle_timeout_s=0.3)
@@ -116,21 +117,13 @@ def test_breaker_backoff_doubles_up_to_its_cap():
     assert not b.ejected(3.0) and not b.half_open(3.0) and b.ejections == 0
 
 
-def test_the_stub_engine_is_a_command():
+def test_the_stub_engine_is_a_command(tmp_path):
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "gateway.stub_engine", "--port", str(port), "--name", "s1",
-                          "--error-rate", "0.5", "--seed", "1", "--token-ms", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = Proc("stub", [sys.executable, "-m", "gateway.stub_engine", "--port", str(port), "--name", "s1",
+                      "--error-rate", "0.5", "--seed", "1", "--token-ms", "0"], tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
-
-        def up():
-            try:
-                return httpx.get(url + "/metrics", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_until(up, 30)
+        p.wait_http(url + "/metrics", 60)
         assert "vllm:num_requests_running" in httpx.get(url + "/metrics").text
         rs = [httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                              "max_tokens": 2, "stream": True}) for _ in range(20)]
@@ -141,5 +134,4 @@ def test_the_stub_engine_is_a_command():
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and "--error-rate" in bad.stderr
     finally:
-        p.terminate()
-        p.wait(10)
+        p.stop()
