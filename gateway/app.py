@@ -1,8 +1,7 @@
-"""ASGI application: the proxy routes, /metrics, /healthz and /gateway/* introspection."""
+"""ASGI application: the proxy routes, /metrics, /healthz and the /gateway/* admin endpoints."""
 from __future__ import annotations
 
-import orjson
-
+from .admin import ADMIN_PREFIX, admin, authorized
 from .core import ROUTES, Gateway
 
 
@@ -34,26 +33,12 @@ def build_app(gw: Gateway):
                                 ctype=b"text/plain; version=0.0.4; charset=utf-8")
         if method == "GET" and path == "/healthz":
             return await _plain(send, 200, b'{"status":"ok"}')
-        if method == "GET" and path == "/gateway/endpoints":
-            return await _plain(send, 200, orjson.dumps([{
-                "name": e.name, "url": e.url, "kv_cache_usage": e.metrics.kv_cache_usage,
-                "waiting": e.metrics.waiting, "running": e.metrics.running,
-                "inflight_requests": gw.inflight.snapshot(e.name).requests,
-                "inflight_tokens": gw.inflight.snapshot(e.name).tokens,
-                "scrape_failures": e.scrape_failures, "dispatch_failures": e.dispatch_failures,
-                "prefix_lru_size": gw.prefix.size(e.name)} for e in gw.endpoints]))
-        if method == "GET" and path == "/gateway/flow" and callable(snapshot := getattr(gw.router, "snapshot", None)):
-            return await _plain(send, 200, orjson.dumps(snapshot()))
-        if method == "GET" and path == "/gateway/requests":
-            since = 0
-            for part in scope.get("query_string", b"").decode().split("&"):
-                if part.startswith("since="):
-                    try:
-                        since = max(0, int(part[6:]))
-                    except ValueError:
-                        return await _plain(send, 400,
-                                            b'{"detail":[{"loc":["query","since"],"msg":"must be an integer"}]}')
-            return await _plain(send, 200, orjson.dumps(gw.records_since(since)))
+        if path.startswith(ADMIN_PREFIX):
+            if method != "GET":
+                return await _plain(send, 405, b'{"error":"method not allowed"}', [(b"allow", b"GET")])
+            status, body = authorized(gw, scope) or admin(gw, scope)
+            extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+            return await _plain(send, status, body, extra)
         return await _plain(send, 404, b'{"error":"not found"}')
 
     return app

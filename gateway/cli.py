@@ -52,8 +52,9 @@ def startup_lines(settings: GatewaySettings, router, url: str) -> list[str]:
     """What the gateway prints once it listens: where, what it routes to, which predictor."""
     from .core import ROUTES
 
-    lines = [f"[gateway] listening on {url} (POST {', '.join(ROUTES)}; "
-             "GET /metrics, /healthz, /gateway/endpoints, /gateway/requests)",
+    admin = ("/gateway/endpoints, /gateway/requests, /gateway/flow with the admin token"
+             if settings.admin_token else "admin endpoints off: no LATENCY_GATEWAY_ADMIN_TOKEN")
+    lines = [f"[gateway] listening on {url} (POST {', '.join(ROUTES)}; GET /metrics, /healthz; {admin})",
              f"[gateway] endpoints ({len(settings.endpoints)}): {', '.join(settings.endpoints)}"]
     if settings.config is None:
         lines.append(f"[gateway] routing: built-in least-load router ({router.name}; no --config)")

@@ -7,16 +7,22 @@ one sends its first body byte (connection errors, first-byte timeouts and 5xx be
 byte move on to the next; nothing is retried once a byte reached the client). The body
 is forwarded chunk by chunk as it arrives; a client disconnect cancels the upstream
 request; the policy's request lifecycle is driven through the dispatch of each attempt,
-the first token and the outcome (``routing.Driver``).
+the first token and the outcome (``routing.Driver``). Every attempt is accounted from its
+dispatch and released in one ``finally``, whatever ends it.
+
+Timeouts: ``first_byte_timeout_s`` from dispatch to the first body byte (the whole reply
+when not streaming), then ``idle_timeout_s`` between two body chunks. A failure after the
+first byte counts against the endpoint (``health.Breaker``); a streaming client then gets
+an SSE ``error`` event as the last event (never ``[DONE]``), any other client a cut body.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
+import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 
 import httpx
 import orjson
@@ -27,19 +33,21 @@ from epp_client.lifecycle import RequestLifecycle
 from epp_client.plugins.prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
-from .downstream import ClientWatch, Disconnected, TooLarge, read_body
+from .downstream import ClientWatch, Disconnected, TooLarge, aclose_quietly, first_nonempty, read_body
+from .headers import ClientHeaders, HeaderError, downstream, ingress, priority, upstream
+from .health import Breaker
 from .metrics import GatewayMetrics
 from .prompt import BodyError, block_hashes, extract_prompt
+from .records import Records, RequestRecord, measure
 from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
 from .settings import GatewaySettings
-from .sse import BodyObserver, StreamObserver
+from .sse import BodyObserver, StreamObserver, error_event
 
 log = logging.getLogger("gateway")
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-              "trailers", "transfer-encoding", "upgrade", "host", "content-length"}
 ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
+HOLD_EXPIRED = "rejected-hold-expired"
 
 
 class MidStreamFailure(Exception):
@@ -53,37 +61,18 @@ class UpstreamFailed(Exception):
         super().__init__(f"{stage}: {detail}")
 
 
-@dataclass
-class RequestRecord:
-    """One finished request (for the harness and /gateway/requests)."""
-
-    request_id: str
-    endpoint: str
-    status: int
-    ok: bool
-    streaming: bool
-    input_tokens: int
-    prefix_match_blocks: int
-    prefix_total_blocks: int
-    ttft_ms: float | None
-    tpot_ms: float | None
-    e2e_ms: float | None
-    tokens: int
-    predicted_ttft_ms: float | None
-    predicted_tpot_ms: float | None
-    model_version: str
-    fallback: bool
-    decision: str              # the profile handler's: predicted / heuristic / warm-up (opt-in), P/D type
-    attempts: int
-    ttft_slo_ms: float
-    tpot_slo_ms: float
-    finished_at: float
+class Unsendable(Exception):
+    """The client's request cannot be put on the wire (e.g. a header value HTTP forbids): a 400, never
+    the endpoint's fault."""
 
 
 class Gateway:
-    def __init__(self, settings: GatewaySettings, router: RequestLifecycle | None = None) -> None:
+    def __init__(self, settings: GatewaySettings, router: RequestLifecycle | None = None,
+                 health_clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self.endpoints = [EndpointState(name=f"ep{i}-{u.split('://', 1)[-1]}", url=u)
+        self.health_clock = health_clock   # what endpoint ejections are timed by (monotonic seconds)
+        self.endpoints = [EndpointState(name=f"ep{i}-{u.split('://', 1)[-1]}", url=u, breaker=Breaker(
+            settings.eject_after_failures, settings.ejection_base_s, settings.ejection_max_s))
                           for i, u in enumerate(settings.endpoints)]
         self.by_name = {e.name: e for e in self.endpoints}
         self.router: RequestLifecycle = router if router is not None else LeastLoadScheduler()
@@ -99,8 +88,12 @@ class Gateway:
             bind(self.endpoints)
         self.metrics = GatewayMetrics(self)
         self.driver = Driver(self.router, self.metrics)
-        self.records: collections.deque[RequestRecord] = collections.deque(maxlen=settings.record_capacity)
-        self.record_seq = 0
+        self.history = Records(settings.record_capacity)
+        self.records = self.history.items
+        # the priorities x-llm-d-priority may ask for; any other value counts as 0 (a bounded set of bands)
+        flow = getattr(self.router, "flow", None)
+        self.priorities = {0, *settings.priorities, *settings.objectives.values(),
+                           *(getattr(getattr(flow, "controller", None), "band_configs", None) or ())}
         self.client: httpx.AsyncClient | None = None
         self.scraper: Scraper | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -109,7 +102,8 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=s.connect_timeout_s, read=s.idle_timeout_s,
+            # reads are bounded by the first-byte and idle timeouts, applied per read in ``_attempt``
+            timeout=httpx.Timeout(connect=s.connect_timeout_s, read=None,
                                   write=s.idle_timeout_s, pool=s.connect_timeout_s),
             limits=httpx.Limits(max_connections=s.max_concurrency + 64,
                                 max_keepalive_connections=64),
@@ -130,18 +124,11 @@ class Gateway:
 
     # ---- helpers ---------------------------------------------------------------------
     def request_info(self, headers: dict[str, str], body: dict, chat: bool) -> tuple[InferenceRequest, list[int]]:
+        """``headers``: the client's (``headers.ingress``), whose ``x-request-id`` is the gateway's id."""
         p = extract_prompt(body, chat)
-        rid = headers.get("x-request-id") or str(uuid.uuid4())
+        rid = headers.get("x-request-id") or uuid.uuid4().hex
         headers["x-request-id"] = rid
-        prio = 0
-        obj = headers.get("x-llm-d-inference-objective") or headers.get("x-gateway-inference-objective")
-        if obj:
-            prio = self.settings.objectives.get(obj, 0)
-        if "x-llm-d-priority" in headers:
-            try:
-                prio = int(headers["x-llm-d-priority"])
-            except ValueError:
-                raise BodyError("header.x-llm-d-priority", "must be an integer") from None
+        prio = priority(headers, self.settings.objectives, self.priorities)
         info = InferenceRequest(request_id=rid, headers=headers, priority=prio, input_tokens=p.input_tokens,
                                 target_model=p.model, streaming=p.streaming, max_tokens=p.max_tokens)
         hashes = block_hashes(p.text, self.prefix.block_size_tokens, self.prefix.max_prefix_blocks)
@@ -149,7 +136,7 @@ class Gateway:
 
     def candidates(self, hashes: list[int]) -> list[Endpoint]:
         """The healthy endpoints (all when none is), with their prefix match."""
-        now = time.monotonic()
+        now = self.health_clock()
         eps = [to_endpoint(e) for e in self.endpoints if e.healthy(now)] or [to_endpoint(e) for e in self.endpoints]
         self.prefix.produce(hashes, eps)
         return eps
@@ -158,7 +145,10 @@ class Gateway:
     async def handle(self, scope, receive, send) -> None:
         path = scope["path"]
         chat = ROUTES[path]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            ch = ingress(scope["headers"], self.settings.max_header_bytes)
+        except HeaderError as e:
+            return await self._error(send, e.status, e.field, e.msg, path)
         try:
             raw = await read_body(receive, self.settings.max_body_bytes)
         except TooLarge:
@@ -171,65 +161,92 @@ class Gateway:
         except orjson.JSONDecodeError as e:
             return await self._error(send, 400, "body", f"not valid JSON: {e}", path)
         try:
-            info, hashes = self.request_info(headers, body, chat)
+            info, hashes = self.request_info(ch.view, body, chat)
         except BodyError as e:
             return await self._json(send, 400, e.to_json(), path)
+        if ch.client_id:
+            log.debug("request %s: client id %r", ch.gateway_id, ch.client_id)
         assert self._sem is not None
         if self._sem.locked():
-            self.metrics.requests.labels(path=path, status="429").inc()
             return await self._json(send, 429, {"error": {"message": "gateway saturated",
-                                                          "type": "rate_limit"}}, path,
-                                    extra=[(b"retry-after", b"1")])
+                                                          "type": "rate_limit"}}, path, extra=self._retry_after())
         async with self._sem:
             client = ClientWatch(receive, send)
             try:
-                await asyncio.wait_for(self._route_and_proxy(client.send, path, info, hashes, raw),
+                await asyncio.wait_for(self._route_and_proxy(client.send, path, ch, info, hashes, raw),
                                        self.settings.request_timeout_s)
             except asyncio.CancelledError:
                 if not client.gone:
                     raise
                 client.task.uncancel()  # the current task: the watch's own cancellation, consumed
                 self.metrics.disconnects.labels(stage="response").inc()
+                self.metrics.requests.labels(path=path, status="499").inc()   # client closed the request
             except MidStreamFailure as e:
                 log.info("upstream failed mid-stream, response cut: %s", e)
                 return  # returning before the final body message closes the client connection
             except TimeoutError:
                 self.metrics.upstream_errors.labels(endpoint="*", stage="request-timeout").inc()
                 if client.started:
-                    raise  # the client sees a truncated body, never a silent success
+                    self.metrics.requests.labels(path=path, status="504").inc()
+                    return  # the client sees a truncated body, never a silent success
                 await self._error(send, 504, "upstream", "request timeout", path)
             finally:
                 client.close()
 
+    def _retry_after(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.settings.retry_after_s).encode())]
+
     async def _decide(self, info: InferenceRequest, hashes: list[int]) -> Routing:
         """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
         ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh candidates, with
-        the time held so far in ``info.waited_ms``; the request timeout bounds it."""
-        held_at = None
-        while True:
-            decision = await self.driver.decide(info, self.candidates(hashes))
-            wait = decision.result.retry_after_s
-            if wait <= 0:
-                return decision
-            if held_at is None:
-                held_at = time.monotonic()
-                self.metrics.held.inc()
-            await asyncio.sleep(wait)
-            info.waited_ms = (time.monotonic() - held_at) * 1000.0
+        the time held so far in ``info.waited_ms``; past ``max_hold_s`` it is denied
+        (``rejected-hold-expired``). A request that leaves while held is abandoned: flow control
+        stops counting it."""
+        held_at: float | None = None
+        try:
+            while True:
+                decision = await self.driver.decide(info, self.candidates(hashes))
+                wait = decision.result.retry_after_s
+                if wait <= 0:
+                    return decision
+                now = time.monotonic()
+                if held_at is None:
+                    held_at = now
+                    self.metrics.held.inc()
+                left = held_at + self.settings.max_hold_s - now
+                if left <= 0:
+                    self._abandon(info)
+                    return dataclasses.replace(decision, order=[], result=dataclasses.replace(
+                        decision.result, status=429, reason=HOLD_EXPIRED, retry_after_s=0.0))
+                await asyncio.sleep(min(wait, left))
+                info.waited_ms = (time.monotonic() - held_at) * 1000.0
+        except BaseException:
+            if held_at is not None:
+                self._abandon(info)
+            raise
 
-    async def _route_and_proxy(self, send, path: str, info: InferenceRequest, hashes: list[int], raw: bytes) -> None:
+    def _abandon(self, info: InferenceRequest) -> None:
+        abandon = getattr(self.router, "abandon", None)
+        if callable(abandon):
+            abandon(info.request_id)
+
+    async def _route_and_proxy(self, send, path: str, ch: ClientHeaders, info: InferenceRequest,
+                               hashes: list[int], raw: bytes) -> None:
         decision = await self._decide(info, hashes)
         if not decision.admitted:
-            self.metrics.admission_denied.labels(reason=decision.reason or "denied").inc()
+            reason = decision.reason or "denied"
+            self.metrics.admission_denied.labels(reason=reason).inc()
             return await self._json(send, decision.status or 429, {"error": {
-                "message": f"request cannot be admitted: {decision.reason}", "type": "admission_denied",
-                "code": "rejected"}}, path, extra=[(b"x-llm-d-request-dropped-reason",
-                                                   (decision.reason or "denied").encode()[:200])])
+                "message": f"request cannot be admitted: {reason}", "type": "admission_denied",
+                "code": "rejected"}}, path, extra=[(b"x-llm-d-request-dropped-reason", reason.encode()[:200]),
+                                                   *self._retry_after()])
         order = decision.order[: self.settings.max_attempts]
         last_err = "no endpoint"
         for attempt, cand in enumerate(order, 1):
             try:
-                return await self._attempt(send, path, info, hashes, raw, decision, cand, attempt)
+                return await self._attempt(send, path, ch, info, hashes, raw, decision, cand, attempt)
+            except Unsendable as e:
+                return await self._error(send, 400, "headers", f"cannot be forwarded: {e}", path)
             except UpstreamFailed as e:
                 url = self.by_name[cand.name].url
                 last_err = f"{url}: {e}"
@@ -239,53 +256,55 @@ class Gateway:
                 log.info("attempt %d on %s failed before first byte: %s", attempt, url, e)
         await self._error(send, 502, "upstream", f"all endpoints failed before the first byte ({last_err})", path)
 
-    async def _attempt(self, send, path: str, info: InferenceRequest, hashes, raw, decision: Routing,
-                       cand: Endpoint, attempt: int):
+    def _failed(self, ep: EndpointState) -> None:
+        """A failure of the endpoint's own making (never the client's)."""
+        if ep.breaker.failure(self.health_clock()):
+            self.metrics.ejections.labels(endpoint=ep.name).inc()
+            log.warning("endpoint %s ejected for %.1f s after failed requests", ep.url,
+                        ep.breaker.remaining_s(self.health_clock()))
+
+    async def _attempt(self, send, path: str, ch: ClientHeaders, info: InferenceRequest, hashes, raw,
+                       decision: Routing, cand: Endpoint, attempt: int):
         ep = self.by_name[cand.name]
         assert self.client is not None
+        s = self.settings
         match = self.prefix.record(ep.name, hashes)
         t0 = time.monotonic()
-        # dispatch first: the policy writes the P/D stage headers forwarded below
-        self.driver.dispatch(decision, info, cand, t0)
-        fwd = [(k, v) for k, v in info.headers.items() if k not in HOP_BY_HOP]
-        fwd.append(("x-gateway-destination-endpoint", ep.host_port))
-        req = self.client.build_request("POST", ep.url + path, content=raw, headers=fwd)
         resp: httpx.Response | None = None
-        started = False
-        outcome_ok = False
+        started = finished = False
         status = 0
         obs = StreamObserver() if info.streaming else None
         bobs = BodyObserver() if not info.streaming else None
         t_first: float | None = None
-        finished = False
+        # dispatch first (the policy writes the P/D stage headers forwarded below); from here on the
+        # request is accounted, and the ``finally`` releases it whatever happens
+        self.driver.dispatch(decision, info, cand, t0)
         try:
             # ---- before the first byte: failures here are retried elsewhere ----
             try:
-                resp = await asyncio.wait_for(self.client.send(req, stream=True),
-                                              self.settings.first_byte_timeout_s)
+                req = self.client.build_request("POST", ep.url + path, content=raw,
+                                                headers=upstream(ch, ep.host_port))
+                resp = await asyncio.wait_for(self.client.send(req, stream=True), s.first_byte_timeout_s)
                 status = resp.status_code
                 if status >= 500:
                     raise UpstreamFailed("status", f"HTTP {status}")
                 it = resp.aiter_raw()
-                first = await asyncio.wait_for(_first_nonempty(it),
-                                               max(0.001, self.settings.first_byte_timeout_s - (time.monotonic() - t0)))
+                first = await asyncio.wait_for(first_nonempty(it),
+                                               max(0.001, s.first_byte_timeout_s - (time.monotonic() - t0)))
+                if first is None and status < 400:
+                    raise UpstreamFailed("first-byte", "closed without a body")
             except UpstreamFailed:
-                ep.dispatch_failures += 1
+                self._failed(ep)
                 raise
+            except (httpx.LocalProtocolError, UnicodeError) as e:
+                raise Unsendable(f"{type(e).__name__} {e}") from None
             except (TimeoutError, httpx.HTTPError, OSError) as e:
-                ep.dispatch_failures += 1
+                self._failed(ep)
                 raise UpstreamFailed("connect" if resp is None else "first-byte",
                                      type(e).__name__ + (f" {e}" if str(e) else "")) from None
-            if first is None and status < 400:
-                ep.dispatch_failures += 1
-                raise UpstreamFailed("first-byte", "closed without a body")
-            ep.dispatch_failures = 0
             self.metrics.decisions.labels(endpoint=ep.name).inc()
-            hdrs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
-                    if k.lower() not in HOP_BY_HOP]
-            hdrs.append((b"x-gateway-destination-endpoint", ep.host_port.encode()))
-            hdrs.append((b"x-request-id", info.request_id.encode()))
-            await send({"type": "http.response.start", "status": status, "headers": hdrs})
+            await send({"type": "http.response.start", "status": status,
+                        "headers": downstream(resp.headers.raw, ch, ep.host_port)})
             started = True
             chunk = first or b""
             # ---- after the first byte: forward as it comes, never retried ----
@@ -303,57 +322,62 @@ class Gateway:
                         bobs.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 try:
-                    chunk = await it.__anext__()
+                    chunk = await asyncio.wait_for(it.__anext__(), s.idle_timeout_s)
                 except StopAsyncIteration:
                     break
-                except httpx.HTTPError as e:
-                    self.metrics.upstream_errors.labels(endpoint=ep.name, stage="mid-stream").inc()
-                    raise MidStreamFailure(f"{ep.url}: {type(e).__name__}") from None
+                except (TimeoutError, httpx.HTTPError) as e:
+                    stage = "idle-timeout" if isinstance(e, TimeoutError) else "mid-stream"
+                    self.metrics.upstream_errors.labels(endpoint=ep.name, stage=stage).inc()
+                    self._failed(ep)
+                    what = f"{ep.url}: {stage} ({type(e).__name__})"
+                    if obs is None or status >= 300:
+                        self.metrics.requests.labels(path=path, status="502").inc()
+                        raise MidStreamFailure(what) from None
+                    # a streaming client gets the failure as the stream's last event
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": error_event(f"upstream failed after the first byte: {what}")})
+                    finished = True
+                    self._finish(path, info, decision, ep, 502, False, obs, bobs, t0, t_first, time.monotonic(),
+                                 attempt, match, ch.client_id)
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return None
             # upstream finished: account the request before the client sees the end of it
             t_end = time.monotonic()
             outcome_ok = 200 <= status < 300 and not (obs is not None and obs.error_event)
+            ep.breaker.success()
             finished = True
-            self._finish(path, info, decision, ep, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match)
+            self._finish(path, info, decision, ep, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match,
+                         ch.client_id)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if resp is not None:
-                await _aclose_quietly(resp)
-            if not finished:  # failed, timed out or cancelled: no sample, a failed outcome
+                await aclose_quietly(resp)
+            if not finished:  # failed, timed out or cancelled: no sample, a failed outcome (counted by the caller)
                 t_end = time.monotonic()
                 if started:
-                    self._finish(path, info, decision, ep, status, False, obs, bobs, t0, t_first, t_end, attempt, match)
+                    self._finish(path, info, decision, ep, status, False, obs, bobs, t0, t_first, t_end, attempt,
+                                 match, ch.client_id, counted=False)
                 else:
                     self.driver.complete(decision, info, Outcome(False, status, None, None, 0, 0), t_end)
         return None
 
-    def _finish(self, path, info, decision, ep, status, ok, obs, bobs, t0, t_first, t_end, attempt, match) -> None:
-        e2e = (t_end - t0) * 1000.0
-        if obs is not None:
-            tokens, chunks = obs.tokens, obs.content_events
-            ttft = (t_first - t0) * 1000.0 if t_first is not None else None
-        else:
-            tokens = bobs.tokens or 0
-            chunks = 1
-            ttft = e2e  # E2E mode: the whole reply is the "first token"
-        tpot = None
-        if ttft is not None and obs is not None and tokens > 1:
-            tpot = (e2e - ttft) / (tokens - 1)
-        if ok and ttft is None:
-            ok = False  # a stream that never produced a token trains nothing
-        self.driver.complete(decision, info, Outcome(ok, status, ttft, e2e, tokens, chunks), t_end)
-        self.metrics.observe(path, info, ep.name, status, ok, ttft, tpot, e2e)
+    def _finish(self, path, info, decision, ep, status, ok, obs, bobs, t0, t_first, t_end, attempt, match,
+                client_id: str, counted: bool = True) -> None:
+        m = measure(obs, bobs, t0, t_first, t_end)
+        ok = ok and m.ttft_ms is not None   # a stream that never produced a token trains nothing
+        self.driver.complete(decision, info, Outcome(ok, status, m.ttft_ms, m.e2e_ms, m.tokens, m.chunks), t_end)
+        if counted:
+            self.metrics.requests.labels(path=path, status=str(status)).inc()
+        self.metrics.observe(info, ep.name, ok, m.ttft_ms, m.tpot_ms, m.e2e_ms)
         pred = (decision.predicted or {}).get(ep.name)
-        self.record_seq += 1
-        self.records.append(RequestRecord(
-            request_id=info.request_id, endpoint=ep.name, status=status, ok=ok,
+        self.history.append(RequestRecord(
+            request_id=info.request_id, client_request_id=client_id, endpoint=ep.name, status=status, ok=ok,
             streaming=info.streaming, input_tokens=info.input_tokens,
             prefix_match_blocks=match.match_blocks, prefix_total_blocks=match.total_blocks,
-            ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, tokens=tokens,
+            ttft_ms=m.ttft_ms, tpot_ms=m.tpot_ms, e2e_ms=m.e2e_ms, tokens=m.tokens,
             predicted_ttft_ms=pred[0] if pred else None, predicted_tpot_ms=pred[1] if pred else None,
             model_version=decision.model_version, fallback=decision.fallback, decision=decision.result.decision,
-            attempts=attempt,
-            ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms,
-            finished_at=time.time()))
+            attempts=attempt, ttft_slo_ms=info.ttft_slo_ms, tpot_slo_ms=info.tpot_slo_ms, finished_at=time.time()))
 
     # ---- small responses -------------------------------------------------------------
     async def _json(self, send, status: int, obj: dict, path: str, extra=()) -> None:
@@ -369,22 +393,5 @@ class Gateway:
                                                   "param": field},
                                         "detail": [{"loc": [field], "msg": msg, "type": "value_error"}]}, path)
 
-    def records_since(self, since: int) -> dict:
-        recs = list(self.records)
-        first_seq = self.record_seq - len(recs)
-        start = max(0, since - first_seq)
-        return {"next": self.record_seq, "records": [asdict(r) for r in recs[start:]]}
-
-
-async def _first_nonempty(it) -> bytes | None:
-    async for chunk in it:
-        if chunk:
-            return chunk
-    return None
-
-
-async def _aclose_quietly(resp: httpx.Response) -> None:
-    try:
-        await asyncio.shield(resp.aclose())
-    except BaseException:  # noqa: BLE001 - closing is best effort
-        pass
+    def records_since(self, since: int, limit: int = 1000) -> dict:
+        return self.history.since(since, limit)

@@ -1,4 +1,5 @@
-"""The client side of one gateway request: reading its body and noticing when it goes away.
+"""The two sides of one gateway request: reading the client's body and noticing when it goes
+away; reading the upstream's first chunk and closing it.
 
 An ASGI server reports ``http.disconnect`` both when the client really leaves and, on the
 next ``receive()``, after a response has completed normally; only the first is a client
@@ -76,3 +77,19 @@ class ClientWatch:
 
     def close(self) -> None:
         self._watcher.cancel()
+
+
+async def first_nonempty(it) -> bytes | None:
+    """The first non-empty chunk of an upstream body (None: it ended without one)."""
+    async for chunk in it:
+        if chunk:
+            return chunk
+    return None
+
+
+async def aclose_quietly(resp) -> None:
+    """Close an upstream response (best effort, even while being cancelled)."""
+    try:
+        await asyncio.shield(resp.aclose())
+    except BaseException:  # noqa: BLE001 - closing is best effort
+        pass

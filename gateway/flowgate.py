@@ -11,8 +11,11 @@ flight from its release until its dispatch (``pre_request``) or its failure, so 
 concurrency detector never releases more than its limit in one burst.
 A request rejected for capacity, or still queued after the TTL, gets a denied
 scheduling result: the gateway answers 429 with ``x-llm-d-request-dropped-reason``
-(``rejected-saturated`` / ``rejected-ttl-expired``). A client that disconnects while
-queued is taken out of its queue. Completions feed the policy's per-program state
+(``rejected-saturated`` / ``rejected-ttl-expired``) and ``Retry-After``. A client that disconnects while
+queued is taken out of its queue. A released request that the inner policy holds
+(``decode-harm-filter``) stays released while held: scheduled again without queueing again
+(its TTL is not restarted, its flow not counted twice); the gateway bounds the hold and
+``abandon`` s a request that leaves while held. Completions feed the policy's per-program state
 (prompt tokens as estimated by the gateway, completion tokens as counted).
 
 Deliberate difference: a metrics snapshot counts as fresh for at least twice the
@@ -32,6 +35,7 @@ from epp_client.flowcontrol import (
     REJECTED_TTL,
     EndpointLoad,
     FlowControl,
+    FlowItem,
     ProgramAwareFairness,
     UtilizationDetector,
     build_flow_control,
@@ -58,6 +62,7 @@ class FlowGate:
         self.by_name: dict[str, EndpointState] = {}
         self._live: dict[str, tuple[str, int, int]] = {}   # dispatched: request id -> (flow, prompt tokens, band)
         self._released: set[str] = set()    # released by flow control, not yet dispatched or failed
+        self._held: dict[str, FlowItem] = {}   # released, then held by the inner policy: not queued again
         self.dispatch_log: collections.deque = collections.deque(maxlen=1000)   # (request id, fairness id)
         self.saturation = 1.0
         self._wake: asyncio.Event | None = None
@@ -95,6 +100,9 @@ class FlowGate:
     async def aschedule(self, req: InferenceRequest, endpoints: list[Endpoint],
                         now: float | None = None) -> SchedulingResult:
         self.states = [self.by_name[e.name] for e in endpoints if e.name in self.by_name] or self.states
+        held = self._held.pop(req.request_id, None)
+        if held is not None:     # released before, then held by the policy: scheduled again, not queued again
+            return await self._schedule_released(req, endpoints, now, held)
         ctl = self.flow.controller
         fut = asyncio.get_running_loop().create_future()
         item, reason = ctl.enqueue(req.request_id, fairness_id(req.headers), req.priority, payload=fut)
@@ -109,15 +117,29 @@ class FlowGate:
             raise
         if reason:
             return _denied(req, reason)
+        return await self._schedule_released(req, endpoints, now, item)
+
+    async def _schedule_released(self, req: InferenceRequest, endpoints: list[Endpoint], now: float | None,
+                                 item: FlowItem) -> SchedulingResult:
         try:
             result = await self.inner.aschedule(req, endpoints, now)
         except BaseException:
-            self._released.discard(req.request_id)
+            self.abandon(req.request_id, item)
             raise
-        if not result.ok:                # released but never sent: no completion will follow
-            self._released.discard(req.request_id)
-            ctl.on_complete(item.fairness_id, 0, 0, item.priority)
+        if result.retry_after_s > 0:     # held: still released (counted) until scheduled again or abandoned
+            self._held[req.request_id] = item
+        elif not result.ok:              # released but never sent: no completion will follow
+            self.abandon(req.request_id, item)
         return result
+
+    def abandon(self, request_id: str, item: FlowItem | None = None) -> None:
+        """A released request that will not be dispatched (denied, or its client left while held)."""
+        item = self._held.pop(request_id, None) or item
+        self._released.discard(request_id)
+        if item is not None:
+            self.flow.controller.on_complete(item.fairness_id, 0, 0, item.priority)
+        if self._wake is not None:
+            self._wake.set()
 
     def _ensure_dispatcher(self) -> asyncio.Event:
         """The running dispatcher's wake-up event (a dispatcher is started when none runs)."""
@@ -170,6 +192,7 @@ class FlowGate:
                     endpoint: Endpoint | None = None) -> None:
         self._live[request.request_id] = (fairness_id(request.headers), request.input_tokens, request.priority)
         self._released.discard(request.request_id)     # from now on the in-flight tracker counts it
+        self._held.pop(request.request_id, None)
         self.inner.pre_request(request, result, now, endpoint=endpoint)
 
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:

@@ -24,8 +24,11 @@ class GatewayMetrics:
         self.gw = gw
         r = self.registry = CollectorRegistry(auto_describe=True)
         p = "latency_gateway_"
-        self.requests = Counter(p + "requests_total", "Requests answered, by path and status",
+        self.requests = Counter(p + "requests_total", "Requests answered, by path and status (499: the client "
+                                "left first; 502 after a 200: the upstream failed mid-stream)",
                                 ["path", "status"], registry=r)
+        self.ejections = Counter(p + "endpoint_ejections_total", "Endpoints ejected after failed requests",
+                                 ["endpoint"], registry=r)
         self.decisions = Counter(p + "decisions_total", "Requests served by each endpoint",
                                  ["endpoint"], registry=r)
         self.retries = Counter(p + "retries_total", "Retries on another endpoint before the first byte",
@@ -52,6 +55,8 @@ class GatewayMetrics:
         inflight = Gauge(p + "inflight_requests", "Requests in flight per endpoint", ["endpoint"], registry=r)
         inflight_tok = Gauge(p + "inflight_tokens", "Uncached prompt tokens in flight before the first token",
                              ["endpoint"], registry=r)
+        healthy = Gauge(p + "endpoint_healthy", "1 while the endpoint is a candidate (scraped, not ejected)",
+                        ["endpoint"], registry=r)
         kv = Gauge(p + "endpoint_kv_cache_usage", "Last scraped KV-cache use (fraction)", ["endpoint"], registry=r)
         hit = Gauge(p + "prefix_indexer_hit_ratio", "Share of prompt blocks found in the chosen endpoint's LRU",
                     registry=r)
@@ -60,6 +65,7 @@ class GatewayMetrics:
             inflight.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).requests)
             inflight_tok.labels(endpoint=e.name).set_function(lambda: gw.inflight.snapshot(e.name).tokens)
             kv.labels(endpoint=e.name).set_function(lambda: e.metrics.kv_cache_usage or 0.0)
+            healthy.labels(endpoint=e.name).set_function(lambda: float(e.healthy(gw.health_clock())))
 
         for ep in gw.endpoints:
             per_endpoint(ep)
@@ -67,8 +73,8 @@ class GatewayMetrics:
         if _is_collector(gw.router):   # e.g. flow control's queues and fairness metrics
             r.register(gw.router)
 
-    def observe(self, path, info, name, status, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
-        self.requests.labels(path=path, status=str(status)).inc()
+    def observe(self, info, name, ok, ttft_ms, tpot_ms, e2e_ms) -> None:
+        """Latencies of a finished request (``requests`` is counted by the caller, by outcome)."""
         if not ok:
             return
         if ttft_ms is not None:

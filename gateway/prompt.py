@@ -96,6 +96,8 @@ def extract_prompt(body: Any, chat: bool) -> PromptInfo:
 
 def _stream(body: dict) -> bool:
     s = body.get("stream", False)
+    if s is None:   # as OpenAI: null is the default
+        return False
     if not isinstance(s, bool):
         raise BodyError("stream", "must be a boolean")
     return s

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from .health import Breaker
+
 log = logging.getLogger("gateway.scrape")
 
 # name -> (attribute, scale); the first name found for an attribute wins (order matters)
@@ -110,15 +112,20 @@ class EndpointState:
     metrics: ScrapedMetrics = field(default_factory=ScrapedMetrics)
     scraped_at: float = 0.0          # monotonic time of the last good scrape
     scrape_failures: int = 0         # consecutive
-    dispatch_failures: int = 0       # consecutive failures before first byte
+    breaker: Breaker = field(default_factory=Breaker)   # dispatch failures: ejection and half-open trial
     labels: dict = field(default_factory=dict)  # e.g. {"llm-d.ai/role": "prefill"} for P/D profiles
 
     @property
     def host_port(self) -> str:
         return self.url.split("://", 1)[-1]
 
+    @property
+    def dispatch_failures(self) -> int:
+        return self.breaker.failures
+
     def healthy(self, now: float, max_failures: int = 3) -> bool:
-        return self.scrape_failures < max_failures and self.dispatch_failures < max_failures
+        """Scraped recently enough (fewer than ``max_failures`` failed scrapes in a row) and not ejected."""
+        return self.scrape_failures < max_failures and not self.breaker.ejected(now)
 
 
 class Scraper:
@@ -142,6 +149,8 @@ class Scraper:
                 raise RuntimeError(f"HTTP {r.status_code}")
             ep.metrics = parse_metrics(r.text)
             ep.scraped_at = time.monotonic()
+            if ep.scrape_failures:    # back after failed scrapes (e.g. restarted): a fresh start
+                ep.breaker.success()
             ep.scrape_failures = 0
             self.scrapes += 1
             return True

@@ -18,6 +18,7 @@ from features.settings import (
     optional,
     setting,
     text,
+    token,
     url_list,
 )
 
@@ -39,6 +40,22 @@ def _objectives(v: Any) -> dict[str, int]:
                                              for k, p in v.items()):
         raise ValueError(f"must map objective names to integer priorities, got {v!r}")
     return dict(v)
+
+
+def _priorities(v: Any) -> list[int]:
+    """Comma-separated integers (or a list of them)."""
+    items = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else list(v)
+    out = []
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int | str):
+            raise ValueError(f"must be integers, got {x!r}")
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise ValueError(f"must be integers, got {x!r}") from None
+    if len(out) > 64:
+        raise ValueError(f"at most 64 priorities, got {len(out)}")
+    return sorted(set(out))
 
 
 _POSITIVE = number(0.0, lo_open=True)
@@ -76,7 +93,26 @@ class GatewaySettings(EnvSettings):
                                        "seconds for a whole request (`--request-timeout`)")
     max_attempts: int = setting("LATENCY_GATEWAY_MAX_ATTEMPTS", 2, _COUNT,
                                 "endpoints tried before the first byte (`--max-attempts`)")
+    max_hold_s: float = setting("LATENCY_GATEWAY_MAX_HOLD_S", 30.0, _POSITIVE,
+                                "seconds a request may be held by a filter (decode-harm-filter holdSlackMs) "
+                                "before it gets 429 `rejected-hold-expired`")
+    ejection_base_s: float = setting("LATENCY_GATEWAY_EJECTION_BASE_S", 5.0, _POSITIVE,
+                                     "seconds an endpoint is ejected after 3 failed requests in a row; doubled at "
+                                     "each ejection without a success in between")
+    ejection_max_s: float = setting("LATENCY_GATEWAY_EJECTION_MAX_S", 60.0, _POSITIVE,
+                                    "longest ejection, seconds")
+    eject_after_failures: int = setting(None, 3, _COUNT)
     max_body_bytes: int = setting(None, 8 << 20, _COUNT)
+    max_header_bytes: int = setting("LATENCY_GATEWAY_MAX_HEADER_BYTES", 16384, integer(1024),
+                                    "request headers larger than this (names and values) get 431")
+    admin_token: str | None = setting("LATENCY_GATEWAY_ADMIN_TOKEN", None, token,
+                                      "bearer token for `/gateway/*` (`Authorization: Bearer TOKEN`); unset: "
+                                      "those endpoints answer 403")
+    priorities: list[int] = setting("LATENCY_GATEWAY_PRIORITIES", [-1, 0], _priorities,
+                                    "priorities a client may ask for with `x-llm-d-priority` (besides the "
+                                    "`--objective` ones and the flow-control bands); any other value counts as 0",
+                                    shown="`-1,0`")
+    retry_after_s: int = setting(None, 1, _COUNT)    # Retry-After of the gateway's 429s
     max_concurrency: int = setting("LATENCY_GATEWAY_MAX_CONCURRENCY", 1024, _COUNT,
                                    "requests in flight through the gateway")
     block_size_tokens: int = setting("LATENCY_GATEWAY_BLOCK_SIZE_TOKENS", 64, _COUNT,
@@ -86,6 +122,11 @@ class GatewaySettings(EnvSettings):
     record_capacity: int = setting(None, 20000, _COUNT)     # per-request records kept for /gateway/requests
     # x-llm-d-inference-objective -> priority (--objective NAME=PRIORITY)
     objectives: dict[str, int] = setting(None, {}, _objectives)
+
+    def check(self) -> None:
+        if self.ejection_base_s > self.ejection_max_s:
+            raise SettingsError("LATENCY_GATEWAY_EJECTION_BASE_S", f"must not exceed LATENCY_GATEWAY_EJECTION_MAX_S "
+                                f"({self.ejection_base_s} > {self.ejection_max_s})")
 
     @classmethod
     def from_env_and_args(cls, args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewaySettings:

@@ -116,3 +116,8 @@ class BodyObserver:
         except orjson.JSONDecodeError:
             return None
         return _usage_tokens(obj) if isinstance(obj, dict) else None
+
+
+def error_event(message: str, code: int = 502) -> bytes:
+    """An SSE event carrying an OpenAI-style error (how a stream that cannot go on ends)."""
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": "upstream_error", "code": code}}) + b"\n\n"

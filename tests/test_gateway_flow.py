@@ -14,7 +14,7 @@ from gateway.core import Gateway
 from gateway.flowgate import FlowGate
 from gateway.settings import GatewaySettings
 from epp_client.scheduler import Scheduler
-from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
+from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 
 BASE = """
 plugins:
@@ -32,7 +32,8 @@ BODY = {"prompt": "hello there", "max_tokens": 3, "stream": True}
 def start(tmp, urls, text):
     cfg = tmp / f"epp-{free_port()}.yaml"
     cfg.write_text(text)
-    s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg), scrape_interval_s=0.05)
+    s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg), scrape_interval_s=0.05,
+                        admin_token=ADMIN_TOKEN)
     router = FlowGate.wrap(Scheduler.from_config(text), text, s.scrape_interval_s)
     assert isinstance(router, FlowGate)
     return ServerThread(build_app(Gateway(s, router)), s.port).start()
@@ -45,7 +46,7 @@ def post(url, fid):
 def wait_for(url, pred, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        snap = httpx.get(url + "/gateway/flow").json()
+        snap = admin_get(url, "/gateway/flow").json()
         if pred(snap):
             return snap
         time.sleep(0.02)
@@ -75,7 +76,7 @@ def test_saturated_pool_releases_flows_in_the_policy_order(tmp_path, engines, po
             assert sum(len(e.state.received) for e in engines) == 3    # nothing dispatched while saturated
             saturate(srv.url, engines, 0)
             assert first.result().status_code == 200 and second.result().status_code == 200
-        snap = httpx.get(srv.url + "/gateway/flow").json()
+        snap = admin_get(srv.url, "/gateway/flow").json()
         assert [d["fairness_id"] for d in snap["dispatched"][-2:]] == expected
         assert sum(len(e.state.received) for e in engines) == 5
         m = httpx.get(srv.url + "/metrics").text
@@ -99,9 +100,10 @@ def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_pa
             full = post(srv.url, "b")                        # the band holds one request
             assert full.status_code == 429
             assert full.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+            assert full.headers["retry-after"] == "1"      # when to try again
             r = queued.result()
         assert r.status_code == 429
-        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+        assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired" and r.headers["retry-after"] == "1"
         assert "rejected-ttl-expired" in r.json()["error"]["message"]
         assert sum(len(e.state.received) for e in engines) == 0
         m = httpx.get(srv.url + "/metrics").text
@@ -135,7 +137,7 @@ def test_concurrency_detector_never_lets_more_than_the_limit_reach_the_engines(t
             peak, queued = 0, 0
             while not all(f.done() for f in futs):
                 peak = max(peak, sum(e.state.active for e in engines))
-                queued = max(queued, httpx.get(srv.url + "/gateway/flow").json()["queued"])
+                queued = max(queued, admin_get(srv.url, "/gateway/flow").json()["queued"])
                 time.sleep(0.01)
             assert all(f.result().status_code == 200 for f in futs)
         assert peak == 2 and queued >= 3

@@ -9,7 +9,7 @@ import pytest
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings
-from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
+from fake_engine import ADMIN_TOKEN, ServerThread, engines, free_port  # noqa: F401 (fixture)
 from load.real_engine.driver import Result, drive, fetch_records
 from load.real_engine.gateway_policy import build_router
 from load.real_engine.report import write_report
@@ -49,13 +49,14 @@ def test_drive_summarize_and_report_through_the_gateway(engines, tmp_path):
     for e in engines:
         e.state.first_token_delay, e.state.token_delay = 0.02, 0.005
     dead = f"http://127.0.0.1:{free_port()}"
-    s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05)
+    s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05,
+                        admin_token=ADMIN_TOKEN)
     gw = Gateway(s, build_router("llmd-token-load", [dead], dead))
     srv = ServerThread(build_app(gw), s.port).start()
     try:
         wl = make_workload(seed=1, n_conversations=4, turns=2, concurrency=2)
         results = asyncio.run(drive(srv.url, wl, "llmd-token-load", 60))
-        records = fetch_records(srv.url)
+        records = fetch_records(srv.url, ADMIN_TOKEN)
     finally:
         srv.stop()
     assert len(results) == wl.requests == 8 and all(r.ok for r in results)

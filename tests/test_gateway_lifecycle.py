@@ -146,7 +146,7 @@ def test_a_held_request_waits_at_the_gateway_and_is_scheduled_again(engines):
                        headers={"x-request-id": "h1", "x-llm-d-slo-ttft-ms": "2000"})
         assert r.status_code == 200
         assert engines[0].state.completed == before + 1              # sent once, after the holds
-        assert [rid for rid, _, _ in hold.seen] == ["h1"] * 3
+        assert len({rid for rid, _, _ in hold.seen}) == 1 and len(hold.seen) == 3   # one request, scheduled 3 times
         waited = [w for _, w, _ in hold.seen]
         assert waited[0] == 0.0 < waited[1] < waited[2]     # the time held so far grows...
         assert [slo for _, _, slo in hold.seen] == [pytest.approx(2000.0 - w) for w in waited]   # ...out of its SLO

@@ -15,7 +15,7 @@ from epp_client.wellknown import RECOMMENDED_CONFIG, with_opt_in
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings, SettingsError
-from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
+from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from test_epp_opt_in import FixedPredictor
 
 WARM_UP_FALLBACKS = re.compile(r'^latency_gateway_fallbacks_total\{reason="warm-up"\} (\S+)$', re.M)
@@ -26,7 +26,8 @@ def test_the_header_picks_the_profile_through_a_real_gateway(engines):
     predictor = FixedPredictor(source="prior")
     router = Scheduler.from_config(with_opt_in(RECOMMENDED_CONFIG), predictor=predictor, sink=ListSink(),
                                    rng=random.Random(3))
-    s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05)
+    s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05,
+                        admin_token=ADMIN_TOKEN)
     gw = Gateway(s, router)
     srv = ServerThread(build_app(gw), s.port).start()
     try:
@@ -43,7 +44,7 @@ def test_the_header_picks_the_profile_through_a_real_gateway(engines):
         send("true")
         send(None)
         send("false")
-        recs = httpx.get(srv.url + "/gateway/requests", timeout=5).json()["records"]
+        recs = admin_get(srv.url, "/gateway/requests", timeout=5).json()["records"]
         assert [(r["decision"], r["fallback"]) for r in recs] == [("warm-up", True), ("predicted", False),
                                                                    ("heuristic", False), ("heuristic", False)]
         assert recs[1]["endpoint"].startswith("ep0-")            # the predicted profile's pick: the short queue

@@ -98,7 +98,9 @@ def test_the_policy_hears_every_streamed_token(engines):
                          headers={"x-request-id": "counted"})
         assert via.status_code == 200
         assert wait_until(lambda: gw.records and gw.records[-1].ok)
-        reported = router.streamed["counted"]
+        rec = gw.records[-1]
+        assert rec.client_request_id == "counted" and via.headers["x-request-id"] == "counted"
+        reported = router.streamed[rec.request_id]     # the policy accounts the gateway's own id
         assert reported[0] >= 1 and all(t >= 1 for t in reported) and sum(reported) == 7
     finally:
         srv.stop()
@@ -188,22 +190,28 @@ def test_all_endpoints_failing_gives_502_naming_upstream(engines):
         srv.stop()
 
 
-def test_no_retry_after_first_byte(engines):
+def last_event(body: bytes) -> dict:
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+    return orjson.loads(events[-1][6:])
+
+
+def test_no_retry_after_first_byte_and_the_stream_ends_with_an_error_event(engines):
     bad, good = engines
     bad.state.mode = "die_mid"
     bad.state.die_after = 2
     gw, srv = start_gateway([bad.url, good.url])
     try:
-        got = b""
-        with pytest.raises(httpx.HTTPError):
-            with httpx.stream("POST", srv.url + "/v1/completions",
-                              json={"prompt": "p", "max_tokens": 5, "stream": True}) as r:
-                assert r.status_code == 200
-                for chunk in r.iter_raw():
-                    got += chunk
-        assert b"tok1" in got and b"[DONE]" not in got  # the client saw the truncation
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "p", "max_tokens": 5, "stream": True})
+        assert r.status_code == 200
+        assert b"tok1" in r.content and b"[DONE]" not in r.content  # the client saw the truncation...
+        err = last_event(r.content)["error"]                          # ...as an error event, the last one
+        assert err["code"] == 502 and "mid-stream" in err["message"]
         assert len(good.state.received) == 0           # and nothing was retried
-        assert len(gw.records) == 0 or not gw.records[-1].ok
+        assert not gw.records[-1].ok and gw.records[-1].status == 502
+        assert gw.endpoints[0].dispatch_failures == 1  # it counts against the engine
+        m = httpx.get(srv.url + "/metrics").text
+        assert 'latency_gateway_requests_total{path="/v1/completions",status="502"} 1.0' in m
+        assert 'status="200"' not in m
     finally:
         srv.stop()
 
@@ -243,11 +251,10 @@ def test_idle_timeout_cuts_a_stalled_stream(engines):
     eng.state.token_delay = 5
     gw, srv = start_gateway([eng.url], idle_timeout_s=0.3)
     try:
-        with pytest.raises(httpx.HTTPError):
-            with httpx.stream("POST", srv.url + "/v1/completions",
-                              json={"prompt": "p", "max_tokens": 3, "stream": True}) as r:
-                b"".join(r.iter_raw())
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "p", "max_tokens": 3, "stream": True})
+        assert b"tok0" in r.content and "idle-timeout" in last_event(r.content)["error"]["message"]
         assert wait_until(lambda: eng.state.cancelled == 1, 5)
+        assert wait_until(lambda: gw.inflight.snapshot(gw.endpoints[0].name).requests == 0)
     finally:
         srv.stop()
 

@@ -17,7 +17,7 @@ from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.routing import build_scheduler
 from gateway.settings import GatewaySettings
-from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
+from fake_engine import ADMIN_TOKEN, FakeEngine, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from load.ports import free_ports
 
 ADMITTER_CONFIG = PREDICTED_LATENCY_SLO_CONFIG  # includes latency-slo-admitter
@@ -63,6 +63,7 @@ def start(tmp: Path, urls, config: str, prediction_urls, training_url, **kw):
     cfg = tmp / f"epp-{free_port()}.yaml"
     cfg.write_text(config)
     kw.setdefault("scrape_interval_s", 0.05)
+    kw.setdefault("admin_token", ADMIN_TOKEN)
     s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg),
                         prediction_urls=prediction_urls, training_url=training_url, **kw)
     router = build_scheduler(s)
@@ -148,8 +149,8 @@ def test_denied_admission_is_429_with_the_reason(servers, engines):
     try:
         deadline = time.monotonic() + 10  # the gateway scraped the engines' load
         while not all(e["running"] == 3 and e["kv_cache_usage"] == 0.5
-                      for e in httpx.get(srv.url + "/gateway/endpoints").json()):
-            assert time.monotonic() < deadline, httpx.get(srv.url + "/gateway/endpoints").json()
+                      for e in admin_get(srv.url, "/gateway/endpoints").json()):
+            assert time.monotonic() < deadline, admin_get(srv.url, "/gateway/endpoints").json()
             time.sleep(0.05)
         impossible = {"x-llm-d-slo-ttft-ms": "0.001", "x-llm-d-slo-tpot-ms": "0.001"}
         body = {"prompt": "hello", "max_tokens": 2, "stream": True}

@@ -112,6 +112,14 @@ async def drive(url: str, wl: Workload, policy: str, max_seconds: float) -> list
     return results
 
 
-def fetch_records(gw_url: str) -> list[dict]:
-    """The gateway's per-request records (its prediction, endpoint, prefix match, outcome)."""
-    return httpx.get(gw_url + "/gateway/requests", timeout=10).json()["records"]
+def fetch_records(gw_url: str, admin_token: str) -> list[dict]:
+    """The gateway's per-request records (its prediction, endpoint, prefix match, outcome), page by page."""
+    out: list[dict] = []
+    since = 0
+    while True:
+        page = httpx.get(gw_url + "/gateway/requests", params={"since": since}, timeout=10,
+                         headers={"authorization": f"Bearer {admin_token}"}).raise_for_status().json()
+        out.extend(page["records"])
+        if not page["records"]:
+            return out
+        since = page["next"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     settings = GatewaySettings(endpoints=a.endpoints.split(","), port=a.port,
                                prediction_urls=a.prediction_urls.split(","), training_url=a.training_url,
-                               scrape_interval_s=0.1)
+                               scrape_interval_s=0.1, admin_token=os.environ.get("LATENCY_GATEWAY_ADMIN_TOKEN"))
     logging.basicConfig(level="WARNING")
     import uvicorn
 

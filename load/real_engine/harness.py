@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -81,7 +82,7 @@ def run(opts: Options) -> dict:
     all_results: dict[str, list[dict]] = {}
     py = sys.executable
     env = {"OMP_NUM_THREADS": "1", "LATENCY_LOG_LEVEL": "warning", "LATENCY_MIN_SAMPLES_FOR_RETRAIN": "40",
-           "LATENCY_RETRAINING_INTERVAL_SEC": "2"}
+           "LATENCY_RETRAINING_INTERVAL_SEC": "2", "LATENCY_GATEWAY_ADMIN_TOKEN": secrets.token_hex(16)}
     try:
         tport = free_ports(2)
         pport = tport + 1
@@ -127,7 +128,7 @@ def run(opts: Options) -> dict:
             wall = time.monotonic() - t0
             load_after = os.getloadavg()[0]
             time.sleep(1.5)  # let the reporter flush the last samples
-            records = fetch_records(gw_url)
+            records = fetch_records(gw_url, env["LATENCY_GATEWAY_ADMIN_TOKEN"])
             (opts.out / f"gateway-metrics-{tag}.txt").write_text(httpx.get(gw_url + "/metrics").text)
             speeds = []
             for e, u in engines:
