@@ -62,7 +62,7 @@ def cluster_for(scenario: Scenario, servers: Sequence, opts: RunOptions, lora=No
     realism = realism_for(scenario, opts)
     if realism is None:
         return ClusterConfig(servers, scenario.scrape_interval_s, scenario.scrape_delay_s, lora=lora)
-    return ClusterConfig(servers, realism.scrape_interval_s, 0.0, lora=lora, realism=realism)
+    return ClusterConfig(servers, lora=lora, realism=realism)
 
 
 def make_router(policy: str, opts: RunOptions, n_servers: int):

@@ -68,6 +68,8 @@ class ClusterConfig:
             raise ValueError("cluster needs at least one server")
         if self.scrape_interval_s <= 0 or self.scrape_delay_s < 0:
             raise ValueError("scrape_interval_s must be > 0 and scrape_delay_s >= 0")
+        if self.realism is not None:    # realism owns the scrapes: per server, its interval, late
+            self.scrape_interval_s, self.scrape_delay_s = self.realism.scrape_interval_s, 0.0
 
 
 @dataclass
@@ -287,12 +289,15 @@ class Simulation:
             if not realistic and pending and pending[0][0] <= min(t_step, t_arr):
                 self._deliver_scrape()
                 continue
-            if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr:
+            # a router's wake-up in time order; the idealised world keeps its historical order (a
+            # wake-up waits for the next arrival), except where that order would scrape forever
+            w = t_wake if realistic or (t_step == inf and t_arr == inf and t_timer == inf) else inf
+            if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr and t_step <= w:
                 t, _, idx = heapq.heappop(heap)
                 self.now = t
                 servers[idx].finish_step(t, first_cb, fin_cb)
                 self._start(idx, t)
-            elif t_scr <= t_tick and t_scr <= t_arr:
+            elif t_scr <= t_tick and t_scr <= t_arr and t_scr <= w:
                 self.now = t_scr
                 next_scrape = self._scrape(t_scr)
             elif t_tick <= t_arr and t_tick <= t_wake:
