@@ -180,8 +180,9 @@ class LifecycleRouter(BaseRouter):
         hashes = None
         if self.prefix is not None:
             bs = self.prefix.block_size_tokens
-            hashes = prompt_hashes(req, bs)[:self.prefix.max_prefix_blocks]
-            self.prefix.produce(hashes, eps, total_blocks=-(-req.est_input_len // bs))
+            total = -(-req.est_input_len // bs)   # the gateway hashes the blocks of its estimate's bytes
+            hashes = prompt_hashes(req, bs)[:min(self.prefix.max_prefix_blocks, total)]
+            self.prefix.produce(hashes, eps, total_blocks=total)
         headers = {"x-request-id": str(req.rid)}
         if req.ttft_slo_ms > 0:
             headers["x-llm-d-slo-ttft-ms"] = f"{req.ttft_slo_ms:.3f}"

@@ -29,6 +29,7 @@ from epp_client.flowcontrol import (
     GlobalStrictFairness,
     ProgramAwareFairness,
     RoundRobinFairness,
+    UtilizationDetector,
     build_flow_control,
     make_detector,
 )
@@ -79,7 +80,10 @@ class FlowSimRouter:
         self.inner.bind(sim)
         if self.driver is not None:
             self.driver.bind(sim)
-        if isinstance(getattr(self.flow, "detector", None), ConcurrencyDetector) and self._tracker() is None:
+        detector = getattr(self.flow, "detector", None)
+        if isinstance(detector, UtilizationDetector):    # the gateway's staleness floor (gateway/flowgate.py)
+            detector.metrics_staleness_s = max(detector.metrics_staleness_s, 2 * sim.cluster.scrape_interval_s)
+        if isinstance(detector, ConcurrencyDetector) and self._tracker() is None:
             raise ValueError(f"{self.name}: concurrency-detector needs a router with in-flight accounting "
                              "(an llm-d policy), not " + type(self.inner).__name__)
 
