@@ -202,3 +202,12 @@ def test_ideal_reproduces_the_idealised_figures_exactly(policy):
     assert m["abandoned"] == 0
     real = bench.run_one(sc, arrivals, cap, 1.0, policy, dataclasses.replace(opts, ideal=False))[0]
     assert real["steps"] != m["steps"]      # the defaults are not the idealised world
+
+
+def test_cli_rejects_a_bad_deadline(capsys):
+    from load.simulate_cli import main
+
+    assert main(["--scenario", "standard-small", "--deadline", "-5", "--limit", "10"]) == 2
+    assert "--deadline: must be >= 0" in capsys.readouterr().err
+    assert main(["--scenario", "standard-small", "--deadline", "30", "--ideal", "--limit", "10"]) == 2
+    assert "--deadline goes with the realism defaults" in capsys.readouterr().err
