@@ -290,8 +290,8 @@ class Simulation:
                 self._deliver_scrape()
                 continue
             # a router's wake-up in time order; the idealised world keeps its historical order (a
-            # wake-up waits for the next arrival), except where that order would scrape forever
-            w = t_wake if realistic or (t_step == inf and t_arr == inf and t_timer == inf) else inf
+            # wake-up waits for the next arrival or tick), except where that order would scrape forever
+            w = t_wake if realistic or (t_step == inf and t_arr == inf and t_timer == inf and t_tick == inf) else inf
             if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr and t_step <= w:
                 t, _, idx = heapq.heappop(heap)
                 self.now = t
