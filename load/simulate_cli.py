@@ -81,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="P/D policies (pd-*): prefill servers (the rest of the scenario's GPUs decode)")
     p.add_argument("--decode-servers", type=int, default=None,
                    help="P/D policies (pd-*): decode servers (with --prefill-servers: any GPU count)")
+    p.add_argument("--ideal", action="store_true",
+                   help="the idealised world, for comparison only: one consistent metrics snapshot of all servers "
+                        "every 50 ms, exact step times, identical servers, exact prompt token counts, no client "
+                        "deadline, a free drain after the last arrival (default: realism on, docs/evaluation.md §4)")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="client deadline in seconds after arrival: a request not finished by then is abandoned "
+                        "and counts as a miss (default: the scenario's, else 120 s, the gateway's first-byte "
+                        "timeout; 0: none)")
     p.add_argument("--workers", type=int, default=None,
                    help="run the (load, policy) simulations in this many processes (default: the cores available; "
                         "1 with --record-trace); the results are the same for any count")
@@ -180,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             args.workers = parallel.default_workers()
         if args.workers < 1:
             raise ValueError(f"--workers: must be >= 1, got {args.workers}")
+        if args.deadline is not None:
+            if args.ideal:
+                raise ValueError("--deadline goes with the realism defaults, not with --ideal (no deadlines)")
+            if not args.deadline >= 0:
+                raise ValueError(f"--deadline: must be >= 0 seconds (0: none), got {args.deadline:g}")
         if args.seeds < 1:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
         if (args.predictor is None) != (args.training_url is None):
@@ -232,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                             true_latencies=args.true_latencies, true_harm=args.true_harm,
                             true_harm_probe=probe,
                             flow_ttl_s=args.flow_ttl, flow_detector=detector, flow_params=flow_params,
+                            ideal=args.ideal, deadline_s=args.deadline,
                             extra={"prefill_servers": args.prefill_servers, "decode_servers": args.decode_servers})
     loads: list[tuple[str, float]] = [(label, x) for label, x in parsed_loads if x is not None]
     native_note = None
@@ -271,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
            + (f" + {c.ttft_ms_per_1k_input:g} ms/1k input" if c.ttft_ms_per_1k_input else "")
            + (f" + {c.ttft_slowdown:g} x idle prefill time" if c.ttft_slowdown else "")
            + f", TPOT <= {c.tpot_ms:g} ms, priority {c.priority}" for c in scenario.slo_classes]
+    realism = bench.realism_for(scenario, opts)
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
+            "realism": realism.describe() if realism is not None else "",
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"true_latencies": True} if args.true_latencies else {}),

@@ -33,7 +33,9 @@ def test_prefix_aware_llmd_policies_get_more_cache_hits_than_round_robin():
     rr = _run("round-robin", scenario="sessions", limit=400)
     for pol in ("llmd-default", "llmd-token-load"):
         m = _run(pol, scenario="sessions", limit=400)
-        assert m["prefix_hit_rate"] > rr["prefix_hit_rate"] + 0.08, (pol, m["prefix_hit_rate"], rr["prefix_hit_rate"])
+        # under the realism defaults the index hashes the blocks of the gateway's prompt estimate (fewer when it
+        # undercounts) and reads late scrapes: a smaller lead than in the idealised world, still a lead
+        assert m["prefix_hit_rate"] > rr["prefix_hit_rate"] + 0.05, (pol, m["prefix_hit_rate"], rr["prefix_hit_rate"])
         assert m["completed"] == m["requests"]
 
 
@@ -68,11 +70,12 @@ def test_predicted_policy_learns_online_and_routes_with_predictions():
     assert m["retrain_published"] >= 1                     # a learned model was served during the run
     assert m["served_version"] != "prior-default"
     assert m["first_learned_model_at_s"] is not None
-    assert m["completed"] == m["requests"]
+    assert m["completed"] + m["abandoned"] == m["requests"] and m["completed"] >= 0.9 * m["requests"]
     # in-loop accuracy of the predictions made for the chosen endpoints; the sink scores positive
     # predictions only, and a model retrained early (the live correction saw a drift) on a few
     # hundred rows may predict 0 ms (clamped) for a handful of requests
-    assert 392 <= m["ttft_pred_n"] <= 400 and 0.0 <= m["ttft_pred_coverage"] <= 1.0 and m["ttft_pred_mape"] > 0
+    assert m["completed"] - 8 <= m["ttft_pred_n"] <= 400
+    assert 0.0 <= m["ttft_pred_coverage"] <= 1.0 and m["ttft_pred_mape"] > 0
     assert m["tpot_pred_n"] > 300
 
 

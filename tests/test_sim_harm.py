@@ -28,7 +28,10 @@ def harm_config(tmp_path_factory):
 
 def _run(config: str, true_harm: str, probe: int = 4):
     sc = get_scenario("standard-small")
-    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm, true_harm_probe=probe)
+    # the plugin's wiring, with the figures quoted below: in the idealised world (no step noise, every
+    # request served), where the twin's estimate and the true count can be compared decision by decision
+    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm, true_harm_probe=probe,
+                            ideal=True)
     arr, cap = bench.prepare(sc, opts)
     return bench.run_one(sc, arr, cap, 0.9, "predicted", opts)
 

@@ -121,9 +121,9 @@ class AgenticDriver:
         p = self.progs[pid]
         if req.dispatch_t >= 0:
             p.waits.append(req.dispatch_t - req.arrival)
-        elif req.shed:          # rejected before reaching a server (TTL, capacity): it waited until now
+        elif req.shed or req.abandoned:   # rejected or given up before reaching a server: it waited until now
             p.waits.append(now - req.arrival)
-        if req.shed:
+        if req.shed or req.abandoned:     # rejected, or its client gave up at the deadline
             p.failed, p.end = True, now
             return
         p.done_turns = k + 1

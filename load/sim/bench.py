@@ -11,6 +11,7 @@ from . import workloads as W
 from .engine import ClusterConfig, Simulation
 from .harm_oracle import HarmOracleRouter
 from .lora_v1 import LoraV1Router
+from .realism import DEFAULT_DEADLINE_S, Realism
 from .report import summarize
 from .routers import NATIVE as _NATIVE
 from .scenarios import Scenario
@@ -42,7 +43,26 @@ class RunOptions:
     flow_ttl_s: float = 60.0               # request TTL of the "<router>+<ordering>" flow-control policies
     flow_detector: dict = field(default_factory=dict)   # their saturation detector: type + camelCase parameters
     flow_params: dict = field(default_factory=dict)     # program-aware-fairness parameters of their las/turn-priority
+    ideal: bool = False                    # the idealised world (``--ideal``): no realism.Realism
+    deadline_s: float | None = None        # client deadline (s after arrival; 0: none); None: the scenario's
     extra: dict = field(default_factory=dict)
+
+
+def realism_for(scenario: Scenario, opts: RunOptions) -> Realism | None:
+    """The realism a run lives with (None with ``opts.ideal``): the run's seed, and the client
+    deadline of ``opts``, else of the scenario, else the gateway's first-byte timeout."""
+    if opts.ideal:
+        return None
+    deadline = opts.deadline_s if opts.deadline_s is not None else scenario.deadline_s
+    return Realism(seed=opts.seed, deadline_s=DEFAULT_DEADLINE_S if deadline is None else deadline)
+
+
+def cluster_for(scenario: Scenario, servers: Sequence, opts: RunOptions, lora=None) -> ClusterConfig:
+    """The simulated cluster of a run: realism's per-server scrapes, or the scenario's idealised ones."""
+    realism = realism_for(scenario, opts)
+    if realism is None:
+        return ClusterConfig(servers, scenario.scrape_interval_s, scenario.scrape_delay_s, lora=lora)
+    return ClusterConfig(servers, lora=lora, realism=realism)
 
 
 def make_router(policy: str, opts: RunOptions, n_servers: int):
@@ -133,8 +153,7 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
         reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, scenario.servers[0])
         if scenario.lora is not None:
             scenario.lora.apply(reqs, scaled, opts.seed)
-    cluster = ClusterConfig(scenario.servers, scenario.scrape_interval_s, scenario.scrape_delay_s,
-                            lora=scenario.lora.slots if scenario.lora is not None else None)
+    cluster = cluster_for(scenario, scenario.servers, opts, scenario.lora.slots if scenario.lora is not None else None)
     sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
                      progress=progress)
     res = sim.run()

@@ -9,7 +9,8 @@ policy adds its own in-flight counters), ``pre_request`` at dispatch, ``on_first
 at the first token, ``on_complete`` at the end. A request the policy holds (a filter's
 ``HoldRequest``: ``res.held``) is kept and scheduled again at its due time, from the engine's
 wake-ups (``on_wake``), with the time held in ``waited_ms``, as the gateway does on its event
-loop. The policy is an epp_client
+loop; a held request whose client leaves (``on_abandon``) is dropped. The policy is told the
+prompt length the gateway would estimate (``SimRequest.est_input_len``), not the true one. The policy is an epp_client
 ``Scheduler`` (``epp_routers``) or a heuristic (``routers``: random, round-robin,
 least-queue, oracle; ``lora_v1``).
 """
@@ -76,6 +77,9 @@ class BaseRouter:
 
     def on_wake(self, now: float) -> None:
         pass
+
+    def on_abandon(self, req: SimRequest, now: float) -> None:
+        """The client of ``req``, not dispatched yet (held by this router), left at its deadline."""
 
     def stats(self) -> dict:
         return {}
@@ -176,8 +180,9 @@ class LifecycleRouter(BaseRouter):
         hashes = None
         if self.prefix is not None:
             bs = self.prefix.block_size_tokens
-            hashes = prompt_hashes(req, bs)[:self.prefix.max_prefix_blocks]
-            self.prefix.produce(hashes, eps, total_blocks=-(-req.input_len // bs))
+            total = -(-req.est_input_len // bs)   # the gateway hashes the blocks of its estimate's bytes
+            hashes = prompt_hashes(req, bs)[:min(self.prefix.max_prefix_blocks, total)]
+            self.prefix.produce(hashes, eps, total_blocks=total)
         headers = {"x-request-id": str(req.rid)}
         if req.ttft_slo_ms > 0:
             headers["x-llm-d-slo-ttft-ms"] = f"{req.ttft_slo_ms:.3f}"
@@ -187,7 +192,7 @@ class LifecycleRouter(BaseRouter):
             headers[OPT_IN_HEADER] = "true"
         held_since = self._held_since.get(req.rid)
         ireq = InferenceRequest(request_id=str(req.rid), headers=headers, priority=req.priority,
-                                input_tokens=req.input_len, target_model=req.lora, streaming=True,
+                                input_tokens=req.est_input_len, target_model=req.lora, streaming=True,
                                 waited_ms=(now - held_since) * 1000.0 if held_since is not None else 0.0)
         if getattr(self.lifecycle, "producer", None) is not None:
             self._stream_tokens(now)
@@ -224,6 +229,8 @@ class LifecycleRouter(BaseRouter):
         if sim is None:
             return
         for req in sorted(due, key=lambda r: (r.arrival, r.rid)):
+            if req.abandoned:       # its client left while held (on_abandon)
+                continue
             idx = self.route(req, now)
             if idx is None:
                 req.shed = True
@@ -264,9 +271,16 @@ class LifecycleRouter(BaseRouter):
             return
         if req.shed:
             self.lifecycle.on_complete(str(req.rid), now=now, status=503, aborted=True)
+        elif req.abandoned:     # the client left (499: closed by the client), as the gateway reports it
+            self.lifecycle.on_complete(str(req.rid), now=now, status=499, aborted=True,
+                                       output_tokens=req.generated or None)
         else:
             self.lifecycle.on_complete(str(req.rid), now=now, output_tokens=req.output_len)
         req.ctx = None
+
+    def on_abandon(self, req: SimRequest, now: float) -> None:
+        """The client of a request this router holds left: forget it (``on_wake`` skips it)."""
+        self._held_since.pop(req.rid, None)
 
     def on_tick(self, now: float) -> None:
         if self.learner is not None:

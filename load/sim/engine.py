@@ -3,8 +3,17 @@
 No per-token events: servers advance by engine steps; idle time is skipped. Events are
 step ends (heap), timers (``call_at``, e.g. a KV transfer finishing), arrivals (a sorted
 list), metric scrapes and router ticks (fixed intervals, only while arrivals remain). Ties
-are broken deterministically: step ends, then timers, then scrapes, then ticks, then router
-wake-ups, then arrivals, each in index order.
+are broken deterministically: step ends, then timers, then client deadlines, then scrapes,
+then ticks, then router wake-ups, then arrivals, each in index order.
+
+With ``ClusterConfig.realism`` (``realism.Realism``; the default of every scenario run) each
+server is scraped on its own schedule and each scrape is delivered late, so the router's
+view is per-server stale; step times carry the servers' noise; the router is told the
+gateway's estimate of each prompt's length; and each request is abandoned at its client
+deadline: its server frees its slot and KV blocks at once (vLLM aborts a request whose
+client disconnected, queued or running), the router hears ``on_finish`` (or ``on_abandon``
+if it still holds the request), and the request counts as ``abandoned``. The last event is
+then the last arrival's deadline: nothing drains after it.
 
 Two hooks serve routers that hold requests back (flow control) and closed-loop workloads:
 ``route`` may return ``DEFERRED`` (the router keeps the request and later calls
@@ -21,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .adapters import AdapterSlots, LoraSpec
+from .realism import Realism
 from .request import SimRequest
 from .server import Metrics, ModelServer
 from .stepmodel import ServerSpec
@@ -51,12 +61,15 @@ class ClusterConfig:
     scrape_delay_s: float = 0.0         # extra staleness: a scrape becomes visible this much later
     prefix_caching: bool = True
     lora: LoraSpec | None = None         # adapter slots on every server (``adapters``); None: no LoRA
+    realism: Realism | None = None       # what a real EPP lives with (``realism``); None: the idealised world
 
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError("cluster needs at least one server")
         if self.scrape_interval_s <= 0 or self.scrape_delay_s < 0:
             raise ValueError("scrape_interval_s must be > 0 and scrape_delay_s >= 0")
+        if self.realism is not None:    # realism owns the scrapes: per server, its interval, late
+            self.scrape_interval_s, self.scrape_delay_s = self.realism.scrape_interval_s, 0.0
 
 
 @dataclass
@@ -95,6 +108,11 @@ class Simulation:
         self._wakes: list = []             # router wake-up times
         self.injected: list[SimRequest] = []
         self._timers: list = []            # heap of (time, seq, callback(now))
+        self.realism = cluster.realism
+        self._deadlines: list = []         # heap of (client deadline, request id, request) (realism)
+        self._scrape_at: list = []         # heap of (next scrape, server) (realism: per-server phases)
+        self._scrape_delays: list = []     # per server: its scrapes' delivery delays (realism)
+        self._deliveries = 0               # tie-breaker of pending scrapes
 
     def call_at(self, t: float, fn: Callable[[float], None]) -> None:
         """Run ``fn(t)`` at simulated time ``t`` (after the step ends due then)."""
@@ -115,6 +133,8 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._injected, (req.arrival, self._seq, req))
         self.injected.append(req)
+        if self.realism is not None:
+            self._prepare(req)
 
     def wake(self, t: float) -> None:
         """Call ``router.on_wake(t)`` at time ``t`` (>= now)."""
@@ -123,6 +143,8 @@ class Simulation:
     def dispatch(self, req: SimRequest, idx: int, t: float) -> None:
         """Send ``req`` to server ``idx`` now (a request that can never fit there is shed)."""
         srv = self.servers[idx]
+        if req.abandoned:       # its client left while a router held it (a router without on_abandon)
+            return
         if -(-(req.input_len + req.output_len) // srv.bs) > srv.kv.num_blocks:
             req.shed = True     # can never fit on this server
             return
@@ -150,12 +172,64 @@ class Simulation:
             self.router.on_finish(req, now)
         self._busy[idx] = False
 
-    def _scrape(self, t: float) -> None:
+    def _scrape(self, t: float) -> float:
+        """Scrape what is due at ``t``; return the time of the next scrape."""
+        if self.realism is not None:
+            _, idx = heapq.heappop(self._scrape_at)
+            self._deliveries += 1
+            heapq.heappush(self._pending_scrapes, (t + next(self._scrape_delays[idx]), self._deliveries, idx,
+                                                   self.servers[idx].metrics(t)))
+            heapq.heappush(self._scrape_at, (t + self.cluster.scrape_interval_s, idx))
+            return self._scrape_at[0][0]
         snap = [s.metrics(t) for s in self.servers]
         if self.cluster.scrape_delay_s > 0:
-            self._pending_scrapes.append((t + self.cluster.scrape_delay_s, snap))
+            self._deliveries += 1
+            heapq.heappush(self._pending_scrapes, (t + self.cluster.scrape_delay_s, self._deliveries, -1, snap))
         else:
             self.scraped = snap
+        return t + self.cluster.scrape_interval_s
+
+    def _deliver_scrape(self) -> None:
+        _, _, idx, m = heapq.heappop(self._pending_scrapes)
+        if idx < 0:
+            self.scraped = m
+        elif m.time >= self.scraped[idx].time:     # never replace a newer view with an older one
+            scraped = list(self.scraped)
+            scraped[idx] = m
+            self.scraped = scraped
+
+    # -- realism: per-server scrapes, noise, what the router is told, client deadlines -----------
+    def _start_realism(self, realism: Realism) -> None:
+        for srv in self.servers:
+            srv.noise = realism.step_noise(srv.index)
+        self._scrape_at = [(realism.scrape_phase(i), i) for i in range(len(self.servers))]
+        heapq.heapify(self._scrape_at)
+        self._scrape_delays = [realism.scrape_delays(i) for i in range(len(self.servers))]
+        for req in self.requests:
+            self._prepare(req)
+
+    def _prepare(self, req: SimRequest) -> None:
+        realism = self.realism
+        assert realism is not None
+        req.est_input_len = realism.estimated_tokens(req.rid, req.input_len)
+        if realism.deadline_s > 0:
+            req.deadline = req.arrival + realism.deadline_s
+            heapq.heappush(self._deadlines, (req.deadline, req.rid, req))
+
+    def _abandon(self, req: SimRequest, now: float) -> None:
+        """The client of ``req`` gives up: the engine frees what the request holds."""
+        if req.finish_t >= 0 or req.shed or req.abandoned:
+            return
+        req.abandoned = True
+        if req.dispatch_t >= 0:
+            idx = req.server
+            self.servers[idx].abandon(req)
+            self.router.on_finish(req, now)
+            self.start_server(idx, now)
+        else:
+            hook = getattr(self.router, "on_abandon", None)
+            if hook is not None:
+                hook(req, now)
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -166,47 +240,66 @@ class Simulation:
         heap = self._heap
         servers = self.servers
         inf = math.inf
-        interval = self.cluster.scrape_interval_s
-        next_scrape = 0.0
+        if self.realism is not None:
+            self._start_realism(self.realism)
+        next_scrape = self._scrape_at[0][0] if self._scrape_at else 0.0
         tick = self.tick_interval_s
         next_tick = tick if tick > 0 else inf
         ai = 0
         first_cb = router.on_first_token
         fin_cb = router.on_finish
         last_progress = -1
-        injected, wakes, timers = self._injected, self._wakes, self._timers
+        injected, wakes, timers, deadlines = self._injected, self._wakes, self._timers, self._deadlines
+        pending = self._pending_scrapes
+        realistic = self.realism is not None
         while True:
             t_step = heap[0][0] if heap else inf
             t_arr = reqs[ai].arrival if ai < n else inf
             t_inj = injected[0][0] if injected else inf
             t_wake = wakes[0] if wakes else inf
             t_timer = timers[0][0] if timers else inf
-            if t_step == inf and t_arr == inf and t_inj == inf and t_wake == inf and t_timer == inf:
+            t_dead = deadlines[0][0] if deadlines else inf
+            if (t_step == inf and t_arr == inf and t_inj == inf and t_wake == inf and t_timer == inf
+                    and t_dead == inf):
                 break
             more = ai < n or injected or wakes
             if t_inj < t_arr:
                 t_arr = t_inj
-            if (t_timer < t_step and t_timer <= t_arr and t_timer <= t_wake
+            if realistic and pending:       # a late scrape arrives in time order with everything else
+                t_del = pending[0][0]
+                if (t_del <= t_step and t_del <= t_arr and t_del <= t_wake and t_del <= t_timer and t_del <= t_dead
+                        and (not more or (t_del <= next_scrape and t_del <= next_tick))):
+                    self.now = t_del
+                    self._deliver_scrape()
+                    continue
+            if (t_timer < t_step and t_timer <= t_arr and t_timer <= t_wake and t_timer <= t_dead
                     and (not more or (t_timer <= next_scrape and t_timer <= next_tick))):
                 t, _, fn = heapq.heappop(timers)
                 self.now = t
                 fn(t)
                 continue
+            if (t_dead < t_step and t_dead < t_timer and t_dead <= t_arr and t_dead <= t_wake
+                    and (not more or (t_dead <= next_scrape and t_dead <= next_tick))):
+                t, _, req = heapq.heappop(deadlines)
+                self.now = t
+                self._abandon(req, t)
+                continue
             t_scr = next_scrape if more else inf
             t_tick = next_tick if more else inf
-            if self._pending_scrapes and self._pending_scrapes[0][0] <= min(t_step, t_arr):
-                vis, snap = self._pending_scrapes.pop(0)
-                self.scraped = snap
+            if not realistic and pending and pending[0][0] <= min(t_step, t_arr):
+                self._deliver_scrape()
                 continue
-            if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr:
+            # a router's wake-up in time order; the idealised world keeps its historical order (a
+            # wake-up waits for the next arrival or tick), except where that order would scrape forever
+            w = t_wake if realistic or (t_step == inf and t_arr == inf and t_timer == inf and t_tick == inf) else inf
+            if t_step <= t_scr and t_step <= t_tick and t_step <= t_arr and t_step <= w:
                 t, _, idx = heapq.heappop(heap)
                 self.now = t
                 servers[idx].finish_step(t, first_cb, fin_cb)
                 self._start(idx, t)
-            elif t_scr <= t_tick and t_scr <= t_arr:
+            elif t_scr <= t_tick and t_scr <= t_arr and t_scr <= w:
                 self.now = t_scr
-                self._scrape(t_scr)
-                next_scrape = t_scr + interval
+                next_scrape = self._scrape(t_scr)
             elif t_tick <= t_arr and t_tick <= t_wake:
                 self.now = t_tick
                 router.on_tick(t_tick)

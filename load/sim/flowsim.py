@@ -25,9 +25,11 @@ from epp_client.flowcontrol import (
     EndpointLoad,
     FlowControl,
     FlowController,
+    FlowItem,
     GlobalStrictFairness,
     ProgramAwareFairness,
     RoundRobinFairness,
+    UtilizationDetector,
     build_flow_control,
     make_detector,
 )
@@ -62,6 +64,7 @@ class FlowSimRouter:
         self.sim: Simulation | None = None
         self.rejected: collections.Counter = collections.Counter()
         self._wake_at: float | None = None
+        self._queued: dict[int, FlowItem] = {}    # request id -> its FlowItem while queued
 
     def now(self) -> float:
         return self.sim.now if self.sim is not None else 0.0
@@ -77,7 +80,10 @@ class FlowSimRouter:
         self.inner.bind(sim)
         if self.driver is not None:
             self.driver.bind(sim)
-        if isinstance(getattr(self.flow, "detector", None), ConcurrencyDetector) and self._tracker() is None:
+        detector = getattr(self.flow, "detector", None)
+        if isinstance(detector, UtilizationDetector):    # the gateway's staleness floor (gateway/flowgate.py)
+            detector.metrics_staleness_s = max(detector.metrics_staleness_s, 2 * sim.cluster.scrape_interval_s)
+        if isinstance(detector, ConcurrencyDetector) and self._tracker() is None:
             raise ValueError(f"{self.name}: concurrency-detector needs a router with in-flight accounting "
                              "(an llm-d policy), not " + type(self.inner).__name__)
 
@@ -93,6 +99,7 @@ class FlowSimRouter:
         if item is None:
             self._reject(req, reason, now)
         else:
+            self._queued[req.rid] = item
             self._pump(now)
         return DEFERRED
 
@@ -120,6 +127,16 @@ class FlowSimRouter:
     def on_tick(self, now: float) -> None:
         self.inner.on_tick(now)
 
+    def on_abandon(self, req: SimRequest, now: float) -> None:
+        """The client of a request not dispatched yet left: out of its queue (or the inner policy's hold)."""
+        item = self._queued.pop(req.rid, None)
+        if item is None or self.flow is None or not self.flow.controller.remove(item):
+            hook = getattr(self.inner, "on_abandon", None)
+            if hook is not None:
+                hook(req, now)
+        if self.driver is not None:
+            self.driver.on_finish(req, now)
+
     # ---- flow control ---------------------------------------------------------------------
     def _send(self, req: SimRequest, now: float) -> bool:
         idx = self.inner.route(req, now)
@@ -140,11 +157,13 @@ class FlowSimRouter:
         sim = self._sim()
         ctl, det = self.flow.controller, self.flow.detector
         for item in ctl.expire():
+            self._queued.pop(item.payload.rid, None)
             self._reject(item.payload, REJECTED_TTL, now)
         while True:       # saturation again after every dispatch: in-flight counts change at once
             item = ctl.dispatch_next(det.saturation(self._loads(), now))
             if item is None:
                 break
+            self._queued.pop(item.payload.rid, None)
             if not self._send(item.payload, now):
                 ctl.on_complete(item.fairness_id, 0, 0, item.priority)   # never reached a server
         if ctl.size:

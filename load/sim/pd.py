@@ -160,7 +160,7 @@ class _Handoff:
             return
         d, out = pend
         req.output_len = out
-        if req.shed:
+        if req.shed or req.abandoned:
             self.inner.on_finish(req, now)
             return
         sim = self.sim
@@ -174,6 +174,9 @@ class _Handoff:
         decode.remote_kv.add(req.rid)
 
         def deliver(t: float) -> None:
+            if req.abandoned:       # the client left during the transfer
+                decode.remote_kv.discard(req.rid)
+                return
             decode.add(req, t)
             sim.start_server(d, t)
 
@@ -181,6 +184,11 @@ class _Handoff:
 
     def on_tick(self, now: float) -> None:
         self.inner.on_tick(now)
+
+    def on_abandon(self, req: SimRequest, now: float) -> None:
+        hook = getattr(self.inner, "on_abandon", None)
+        if hook is not None:
+            hook(req, now)
 
     def stats(self) -> dict:
         return self.inner.stats() if hasattr(self.inner, "stats") else {}

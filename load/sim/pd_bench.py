@@ -25,7 +25,7 @@ from epp_client.scheduler import Scheduler
 
 from . import workloads as W
 from .driver import LifecycleRouter
-from .engine import DEFERRED, ClusterConfig
+from .engine import DEFERRED
 from .epp_routers import _Sink
 from .pd import BOTH, DECODE, PREFILL, KVLink, PDSimulation
 from .report import summarize
@@ -162,7 +162,9 @@ def run_one(scenario, arrivals, capacity, load, policy, opts, progress=None):
     scaled = W.scale_to_rate(arrivals, load * capacity)
     reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, spec)
     router = make_router(policy, opts, link)
-    cluster = ClusterConfig(servers, scenario.scrape_interval_s, scenario.scrape_delay_s)
+    from .bench import cluster_for  # bench imports this module's policies
+
+    cluster = cluster_for(scenario, servers, opts)
     sim = PDSimulation(cluster, reqs, router, roles, link, tick_interval_s=router.tick_interval_s, progress=progress)
     res = sim.run()
     res.extra.update(router.stats())

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 KEYS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms",
-        "e2e_p90_ms", "slo_attainment", "ttft_miss_share", "tpot_miss_share", "goodput_rps", "throughput_rps",
-        "prefix_hit_rate", "imbalance", "shed")
+        "e2e_p90_ms", "e2e_p99_ms", "slo_attainment", "ttft_miss_share", "tpot_miss_share", "goodput_rps",
+        "throughput_rps", "prefix_hit_rate", "imbalance", "shed", "abandoned", "unfinished", "held_p99_ms",
+        "preemptions")
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -24,10 +25,22 @@ def _pct(x: np.ndarray, q: float) -> float:
 
 
 def summarize(res: SimResult, n_servers: int) -> tuple[dict, dict]:
-    """(metrics dict with KEYS and a few extras, raw latency arrays for plots)."""
+    """(metrics dict with KEYS and a few extras, raw latency arrays for plots).
+
+    Attainment is over all arrivals: a shed (429), abandoned (client deadline) or unfinished
+    request is a miss. TTFT percentiles cover every request that was not shed: a request
+    abandoned before its first token counts with the time its client waited (its deadline
+    minus its arrival, a lower bound); TPOT and E2E cover completed requests. Held time =
+    arrival to dispatch (flow-control queue, a filter's hold), or to abandonment for a
+    request never dispatched."""
     reqs = res.requests
     done = [r for r in reqs if r.done and not r.shed]
-    ttft = np.array([r.ttft_ms for r in done])
+    abandoned = [r for r in reqs if r.abandoned]
+    ttft = np.array([r.ttft_ms for r in done]
+                    + [(r.first_token_t if r.first_token_t >= 0 else r.deadline) * 1000.0 - r.arrival * 1000.0
+                       for r in abandoned])
+    held = np.array([(r.dispatch_t if r.dispatch_t >= 0 else r.deadline) * 1000.0 - r.arrival * 1000.0
+                     for r in reqs if r.dispatch_t >= 0 or r.abandoned])
     tpot = np.array([r.tpot_ms for r in done if r.output_len > 1])
     e2e = np.array([r.e2e_ms for r in done])
     met = sum(1 for r in done if r.meets_slo())
@@ -46,12 +59,14 @@ def summarize(res: SimResult, n_servers: int) -> tuple[dict, dict]:
     m = {
         "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
         "tpot_p50_ms": _pct(tpot, 50), "tpot_p90_ms": _pct(tpot, 90), "tpot_p99_ms": _pct(tpot, 99),
-        "e2e_p50_ms": _pct(e2e, 50), "e2e_p90_ms": _pct(e2e, 90),
+        "e2e_p50_ms": _pct(e2e, 50), "e2e_p90_ms": _pct(e2e, 90), "e2e_p99_ms": _pct(e2e, 99),
         "slo_attainment": met / len(reqs) if reqs else float("nan"),
         "goodput_rps": met / span, "throughput_rps": len(done) / span,
         "prefix_hit_rate": res.hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0,
         "imbalance": max(work) / mean_work if mean_work > 0 else 1.0,
-        "shed": shed,
+        "shed": shed, "abandoned": len(abandoned),
+        "unfinished": sum(1 for r in reqs if not r.done and not r.shed and not r.abandoned),
+        "held_p99_ms": _pct(held, 99),
         "ttft_miss_share": ttft_miss / len(reqs) if reqs else float("nan"),
         "tpot_miss_share": tpot_miss / len(reqs) if reqs else float("nan"),
         "requests": len(reqs), "completed": len(done), "preemptions": res.preemptions, "steps": res.steps,
@@ -99,11 +114,13 @@ COLUMNS = (("TTFT p50 (s)", "ttft_p50_ms", "s"), ("TTFT p90 (s)", "ttft_p90_ms",
            ("TTFT p99 (s)", "ttft_p99_ms", "s"),
            ("TPOT p50 (ms)", "tpot_p50_ms", "ms"), ("TPOT p90 (ms)", "tpot_p90_ms", "ms"),
            ("TPOT p99 (ms)", "tpot_p99_ms", "ms"),
-           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"),
+           ("E2E p50 (s)", "e2e_p50_ms", "s"), ("E2E p90 (s)", "e2e_p90_ms", "s"), ("E2E p99 (s)", "e2e_p99_ms", "s"),
            ("SLO att.", "slo_attainment", "pct"), ("missed TTFT", "ttft_miss_share", "pct"),
            ("missed TPOT", "tpot_miss_share", "pct"),
            ("goodput rps", "goodput_rps", "rps"), ("thrpt rps", "throughput_rps", "rps"),
-           ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"))
+           ("prefix hit", "prefix_hit_rate", "pct"), ("imbalance", "imbalance", "x"), ("shed", "shed", "n"),
+           ("abandoned", "abandoned", "n"), ("unfinished", "unfinished", "n"), ("held p99 (s)", "held_p99_ms", "s"),
+           ("preempt.", "preemptions", "n"))
 
 
 def table(per_policy: Mapping[str, Mapping]) -> str:
@@ -118,13 +135,18 @@ def table(per_policy: Mapping[str, Mapping]) -> str:
 def write_report(out: Path, scenario, seed: int, results: Mapping, meta: Mapping, plots: Sequence[str]) -> Path:
     lines = [f"# Simulated routing benchmark: `{scenario.name}` (seed {seed})", "",
              f"- Workload: {scenario.description}.",
-             f"- Cluster: {scenario.cluster_desc()}; metrics scraped every {scenario.scrape_interval_s * 1000:g} ms"
-             f" (+{scenario.scrape_delay_s * 1000:g} ms delay).",
+             f"- Cluster: {scenario.cluster_desc()}; "
+             + (meta["realism"] if meta.get("realism") else
+                f"idealised world (--ideal): metrics of all servers scraped every "
+                f"{scenario.scrape_interval_s * 1000:g} ms (+{scenario.scrape_delay_s * 1000:g} ms delay), exact "
+                "step times and prompt lengths, no client deadline, free drain") + ".",
              f"- Requests per run: {meta.get('requests')}; capacity (load 1.0) = {meta.get('capacity_rps', 0):.3f} "
              "requests/s: GPU-time saturation without prefix reuse (analytic, `workloads.capacity_rps`).",
              "- SLOs: " + "; ".join(meta.get("slo", [])) + ". SLO attainment = share of all arrivals meeting both "
-             "(shed requests count as misses); missed TTFT/TPOT = share of all arrivals that completed over that SLO "
-             "(a request can miss both); goodput/throughput = requests per second from the first arrival "
+             "(shed (429), abandoned (client deadline) and unfinished requests count as misses); TTFT percentiles "
+             "include abandoned requests (one abandoned before its first token at its deadline), TPOT and E2E cover "
+             "completed ones; held = arrival to dispatch; missed TTFT/TPOT = share of all arrivals that completed "
+             "over that SLO (a request can miss both); goodput/throughput = requests per second from the first arrival "
              "to the last completion; prefix hit = cached share of prompt tokens at admission; imbalance = max/mean "
              "over servers of tokens computed (uncached prompt + output); each latency column states its unit "
              "(TTFT and E2E in seconds, TPOT in milliseconds).",

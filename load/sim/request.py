@@ -1,6 +1,7 @@
 """A simulated request: its workload description plus its life on a server."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,6 +16,8 @@ class SimRequest:
         # workload
         "rid", "arrival", "input_len", "output_len", "segments", "full_pages", "ttft_slo_ms", "tpot_slo_ms",
         "priority", "lora", "session",
+        # what the router is told (the gateway's estimate) and the client's deadline (realism)
+        "est_input_len", "deadline", "abandoned",
         # server-side state
         "server", "target", "computed", "generated", "npages", "seg_pages", "held", "seg_ptr", "seg_base", "seg_done",
         "hit_tokens", "preemptions", "first_token_t", "finish_t", "admitted_t", "dispatch_t", "shed",
@@ -40,6 +43,9 @@ class SimRequest:
         self.priority = priority
         self.lora = lora
         self.session = session
+        self.est_input_len = input_len
+        self.deadline = math.inf
+        self.abandoned = False
         self.server = -1
         self.dispatch_t = -1.0
         self.shed = False

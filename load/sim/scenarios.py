@@ -25,8 +25,9 @@ class Scenario:
     workload: Callable[[int], list]            # seed -> arrivals (native time scale)
     servers: tuple[ServerSpec, ...]
     slo_classes: tuple = STANDARD_SLO
-    scrape_interval_s: float = 0.05
+    scrape_interval_s: float = 0.05            # the idealised scrapes (``--ideal``); realism scrapes per server
     scrape_delay_s: float = 0.0
+    deadline_s: float | None = None            # the clients' deadline (s after arrival); None: the default
     notes: tuple[str, ...] = field(default=())
     programs: Callable[[int], list] | None = None   # closed-loop program scenarios: seed -> programs
     lora: LoraSetup | None = None              # adapter slots + each request's adapter (multi-LoRA)

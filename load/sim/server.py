@@ -3,8 +3,11 @@
 Continuous batching with a per-step token budget and chunked prefill, FCFS waiting queue,
 paged KV cache with prefix caching (``kvcache.KVCache``), recompute preemption of the
 newest running request when a running request cannot get a page (vLLM V1 behaviour), and
-step times from ``stepmodel.ServerSpec``. The engine drives it: ``plan_step`` chooses the
-batch and returns its duration, ``finish_step`` applies it at the step's end time.
+step times from ``stepmodel.ServerSpec`` times the server's step noise (``noise``, a
+``realism.StepNoise``; None: exact). The engine drives it: ``plan_step`` chooses the batch and
+returns its duration, ``finish_step`` applies it at the step's end time; ``abandon`` drops a
+request whose client left (vLLM's abort: queued or running, its slot and KV blocks are free
+for the next step).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import NamedTuple
 
 from .adapters import AdapterSlots
 from .kvcache import KVCache
+from .realism import StepNoise
 from .request import SimRequest
 from .stepmodel import ServerSpec
 
@@ -45,12 +49,27 @@ class ModelServer:
         self.hit_tokens = 0
         self.lora_counts: dict[str, int] = {}
         self.adapters: AdapterSlots | None = None   # LoRA slots (``adapters``), set by the engine
+        self.noise: StepNoise | None = None          # step-time factor (realism), set by the engine
         self._batch: list = []
 
     # -- queue --------------------------------------------------------------------------
     def add(self, req: SimRequest, now: float) -> None:
         req.server = self.index
         self.waiting.append(req)
+
+    def abandon(self, req: SimRequest) -> bool:
+        """Drop ``req`` (its client left): out of the waiting queue, or out of the running batch
+        with its pages released (a step in progress completes without it). False if it is not here."""
+        if req in self.running:
+            self._release(req)
+            self.running.remove(req)
+            self._lora_dec(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                return False
+        return True
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -235,6 +254,8 @@ class ModelServer:
         if self.adapters is not None:
             # batch order, not set order: loads and evictions must not depend on PYTHONHASHSEED
             dur += self.adapters.step_extra_ms(list(dict.fromkeys(r.lora for r, _ in batch if r.lora))) / 1000.0
+        if self.noise is not None:
+            dur *= self.noise()
         self.busy_time += dur
         self.steps += 1
         return dur
@@ -243,6 +264,8 @@ class ModelServer:
         """Apply the planned batch at its end time; callbacks get (request, time)."""
         done = []
         for req, n in self._batch:
+            if req.abandoned:       # left during the step: its pages are already free
+                continue
             if req.computed < req.target:
                 req.computed += n
                 if req.seg_ptr < len(req.segments):
@@ -277,5 +300,6 @@ class ModelServer:
         c.waiting = deque(m[id(r)] for r in self.waiting)
         c.lora_counts = dict(self.lora_counts)
         c.adapters = self.adapters.clone() if self.adapters is not None else None
+        c.noise = self.noise.expected() if self.noise is not None else None   # no peek at the world's draws
         c._batch = [(m[id(r)], n) for r, n in self._batch]
         return c
