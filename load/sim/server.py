@@ -29,6 +29,10 @@ class Metrics(NamedTuple):
     max_lora: int = 0
 
 
+def _prefilling(req: SimRequest) -> bool:
+    return req.computed < req.target
+
+
 class ModelServer:
     def __init__(self, index: int, spec: ServerSpec, prefix_caching: bool = True) -> None:
         self.index = index
@@ -163,6 +167,8 @@ class ModelServer:
         pairs = 0.0
         preempted = False
         running = self.running
+        if spec.decode_first:     # every decode before any prefill chunk (a stable sort keeps admission order)
+            running.sort(key=_prefilling)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]

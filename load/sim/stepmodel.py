@@ -42,6 +42,9 @@ class ServerSpec:
     max_num_batched_tokens: int = 2048   # per-step token budget (chunked prefill)
     max_num_seqs: int = 256
     speed: float = 1.0                   # >1 = faster GPU (all step times divided by it)
+    decode_first: bool = False           # batching order: every running decode before any prefill chunk
+                                         # (default: running requests in admission order, then waiting)
+    engine: str = "default"              # the foreign engine this server runs (load/sim/engines.py)
 
     def __post_init__(self) -> None:
         if len(self.lin_tokens) != len(self.lin_ms) or len(self.lin_tokens) < 2:
@@ -81,6 +84,15 @@ class ServerSpec:
             t += self.c_attn
         t += self.a_att * prefill_pairs + self.c_fix
         return t / self.speed
+
+    def request_work_ms(self, input_len: int, output_len: int, hit: int) -> float:
+        """GPU time one request costs this server when saturated (full token-budget steps)."""
+        b = self.max_num_batched_tokens
+        per_token = (self.c_lin(b) + self.c_tok * b + self.c_fix) / b
+        new = input_len - hit
+        pairs = new * (hit + new / 2.0)
+        decode_ctx = (output_len - 1) * (input_len + output_len / 2.0)
+        return (per_token * (new + output_len - 1) + self.a_att * pairs + self.a_kv * decode_ctx) / self.speed
 
     def with_overrides(self, overrides: Mapping) -> ServerSpec:
         """Copy with some coefficients replaced (unknown keys are an error)."""
