@@ -8,7 +8,10 @@ bisects that bracket until its width is at most 2% of the lower end. The capacit
 end (the highest load run that held), as a fraction of the pool's analytic capacity and in
 requests/s. The search assumes attainment falls with load; every probe is kept in the results,
 so a non-monotone policy shows. The policies' searches run side by side in ``--workers``
-processes (each probe is one ordinary run: same seed, same arrivals scaled to the load).
+processes (each probe is one ordinary run: same seed, same arrivals scaled to the load); a
+worker with no probe of its own to run takes the next of another search: the next step up or
+down while a bracket is sought, or the middle of the widest gap left in the bracket between the
+loads already running, so a search with more workers narrows its bracket more per round.
 """
 from __future__ import annotations
 
@@ -39,22 +42,27 @@ class Search:
     hi: float | None = None
     probes: list[dict] = field(default_factory=list)
 
-    def next_load(self) -> float | None:
-        """The next load to run, None when the search is over."""
+    def next_load(self, inflight: Sequence[float] = ()) -> float | None:
+        """The next load to run while ``inflight`` loads are running; None when there is none to
+        run now (the search is over, or it waits for a running probe)."""
         lo, hi = self.lo, self.hi
         if lo is None and hi is None:
-            return self.start
+            return None if inflight else self.start
         if lo is None:
             assert hi is not None   # down by the attainment's shortfall, between x0.5 and x0.8
             att = float(next(p for p in self.probes if p["load"] == hi)["slo_attainment"] or 0.0)
-            x = hi * min(STEP_DOWN, max(0.5, att / self.target))
+            x = min([hi, *inflight]) * min(STEP_DOWN, max(0.5, att / self.target))
             return None if x < MIN_LOAD else round(x, 4)
         if hi is None:
-            x = lo * STEP_UP
+            x = max([lo, *inflight]) * STEP_UP
             return None if x > MAX_LOAD else round(x, 4)
-        if hi - lo <= self.tolerance * lo:
+        # the widest gap between the bracket's ends and the loads running inside it, halved
+        cuts = sorted({lo, hi, *(x for x in inflight if lo < x < hi)})
+        width, left = max((b - a, a) for a, b in zip(cuts, cuts[1:]))
+        if width <= self.tolerance * lo:
             return None
-        return round((lo + hi) / 2.0, 4)
+        x = round(left + width / 2.0, 4)
+        return None if x in inflight else x
 
     def record(self, load: float, metrics: dict, wall_s: float = 0.0) -> None:
         att = float(metrics.get("slo_attainment") or 0.0)
@@ -101,12 +109,23 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
             return m, time.monotonic() - t0
         return search(policies, one, capacity_rps, start)
     searches = {p: Search(p, start=start) for p in policies}
-    with parallel.pool(scenario, arrivals, capacity_rps, opts, min(workers, len(policies))) as ex:
-        pending = {}
-        for pol, s in searches.items():
-            x = s.next_load()
-            if x is not None:
-                pending[ex.submit(parallel.work, x, pol)] = (pol, x)
+    workers = min(workers, 4 * len(policies))
+    with parallel.pool(scenario, arrivals, capacity_rps, opts, workers) as ex:
+        pending: dict = {}
+
+        def fill() -> None:
+            """Give every idle worker the next probe of the search with the fewest running."""
+            while len(pending) < workers:
+                running = {p: [x for q, x in pending.values() if q == p] for p in searches}
+                for pol in sorted(searches, key=lambda p: len(running[p])):
+                    x = searches[pol].next_load(running[pol])
+                    if x is not None:
+                        pending[ex.submit(parallel.work, x, pol)] = (pol, x)
+                        break
+                else:
+                    return
+
+        fill()
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -114,9 +133,7 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
                 m, _, _, w, _ = fut.result()
                 searches[pol].record(x, m, w)
                 say(f"{pol} at load {x:g}: attainment {100 * m['slo_attainment']:.1f}% ({w:.0f} s)")
-                nxt = searches[pol].next_load()
-                if nxt is not None:
-                    pending[ex.submit(parallel.work, nxt, pol)] = (pol, nxt)
+            fill()
     return {p: s.result(capacity_rps) for p, s in searches.items()}
 
 

@@ -10,7 +10,7 @@ NAME=VALUE`` sets any of them, or any of the preset's own fields, for every serv
 - ``per_token_scale`` multiplies the per-token cost of a step: the slope of the non-attention
   table ``c_lin`` above its one-token floor, and ``c_tok``;
 - ``decode_attention_scale`` multiplies the cost of the context a decode reads (``a_kv``);
-- a preset field (``max_num_batched_tokens``, ``max_num_seqs``, ``decode_first``,
+- a preset field (``max_num_batched_tokens``, ``max_num_seqs``, ``batching_order``,
   ``kv_capacity_tokens``, ``a_att``, ...) replaces the preset's value before the scales apply.
 
 ``splitwise`` takes its step times from SplitwiseSim's measured table (:mod:`load.sim.steptable`)
@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .stepmodel import ServerSpec
+from .stepmodel import BATCHING_ORDERS, ServerSpec
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ SCALES = ("speed_scale", "prefill_attention_scale", "per_token_scale", "decode_a
 #: preset fields only the step-time formula reads (a table engine has no such coefficient)
 FORMULA_FIELDS = ("lin_tokens", "lin_ms", "a_kv", "c_attn", "a_att", "c_fix", "c_tok")
 _SETTABLE = ("a_kv", "c_attn", "a_att", "c_fix", "c_tok", "kv_capacity_tokens", "block_size",
-             "max_num_batched_tokens", "max_num_seqs", "speed", "decode_first")
+             "max_num_batched_tokens", "max_num_seqs", "speed", "batching_order")
 _INTS = ("kv_capacity_tokens", "block_size", "max_num_batched_tokens", "max_num_seqs")
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
@@ -50,8 +50,10 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            {"prefill_attention_scale": 3.0, "per_token_scale": 0.5}),
     Engine("budget8k", "8,192 batched tokens per step, max_num_seqs 64",
            {"max_num_batched_tokens": 8192, "max_num_seqs": 64}),
-    Engine("decode-first", "every running decode batched before any prefill chunk (default: admission order)",
-           {"decode_first": True}),
+    Engine("decode-first", "every running decode batched before any prefill chunk, also after preemptions "
+           "(default: admission order)", {"batching_order": "decode-first"}),
+    Engine("prefill-first", "the running prompts' chunks batched before the decodes (a long prompt stalls "
+           "the decodes)", {"batching_order": "prefill-first"}),
     Engine("splitwise", "step times interpolated from SplitwiseSim's measured table (Llama-2-70B, H100, TP 4; "
            "load/data/splitwise-perf-model), the preset's memory and token budget", {}, table=True),
 )}
@@ -72,9 +74,9 @@ def get_engine(name: str) -> Engine:
 
 
 def _value(name: str, value: object) -> object:
-    if name == "decode_first":
-        if not isinstance(value, bool):
-            raise ValueError(f"--engine-param decode_first: expected true or false, got {value!r}")
+    if name == "batching_order":
+        if value not in BATCHING_ORDERS:
+            raise ValueError(f"--engine-param batching_order: {value!r} is not one of {', '.join(BATCHING_ORDERS)}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"--engine-param {name}: expected a number, got {value!r}")

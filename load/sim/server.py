@@ -167,8 +167,8 @@ class ModelServer:
         pairs = 0.0
         preempted = False
         running = self.running
-        if spec.decode_first:     # every decode before any prefill chunk (a stable sort keeps admission order)
-            running.sort(key=_prefilling)
+        if spec.batching_order != "default":    # stable sorts: admission order within decodes and prompts
+            running.sort(key=_prefilling, reverse=spec.batching_order == "prefill-first")
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]

@@ -25,6 +25,14 @@ _A_ATT_7B_H100 = 4 * 4096 * 32 / 494e12 * 1e3      # (989 TFLOPs peak)
 _A_ATT_70B_H100_TP4 = 4 * 8192 * 80 / (4 * 494e12) * 1e3
 
 
+#: the order the running requests of a step are batched in (waiting prompts come after them):
+#: ``default`` admission order (a prompt still prefilling is the last admitted, so decodes come
+#: first unless a preempted request was re-admitted behind them); ``decode-first`` every decode
+#: before any prefill chunk, always; ``prefill-first`` the running prompts' chunks before the
+#: decodes, which get the budget they leave (a long prompt stalls the server's decodes)
+BATCHING_ORDERS = ("default", "decode-first", "prefill-first")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything that defines one simulated model server (one endpoint)."""
@@ -42,8 +50,7 @@ class ServerSpec:
     max_num_batched_tokens: int = 2048   # per-step token budget (chunked prefill)
     max_num_seqs: int = 256
     speed: float = 1.0                   # >1 = faster GPU (all step times divided by it)
-    decode_first: bool = False           # batching order: every running decode before any prefill chunk
-                                         # (default: running requests in admission order, then waiting)
+    batching_order: str = "default"      # which running requests get the step's budget first (BATCHING_ORDERS)
     engine: str = "default"              # the foreign engine this server runs (load/sim/engines.py)
 
     def __post_init__(self) -> None:
@@ -60,6 +67,9 @@ class ServerSpec:
             raise ValueError(f"{self.name}: kv_capacity_tokens must hold at least one block")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError(f"{self.name}: token budget and max_num_seqs must be > 0")
+        if self.batching_order not in BATCHING_ORDERS:
+            raise ValueError(f"{self.name}: batching_order {self.batching_order!r} is not one of "
+                             + ", ".join(BATCHING_ORDERS))
 
     @property
     def num_blocks(self) -> int:
