@@ -58,15 +58,17 @@ class Search:
             return None if x > MAX_LOAD else round(x, 4)
         # the widest gap between the bracket's ends and the loads running inside it, halved
         cuts = sorted({lo, hi, *(x for x in inflight if lo < x < hi)})
-        width, left = max((b - a, a) for a, b in zip(cuts, cuts[1:]))
+        width, neg_left = max((b - a, -a) for a, b in zip(cuts, cuts[1:]))   # ties: the lower gap
+        left = -neg_left
         if width <= self.tolerance * lo:
             return None
         x = round(left + width / 2.0, 4)
         return None if x in inflight else x
 
-    def record(self, load: float, metrics: dict, wall_s: float = 0.0) -> None:
+    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0) -> None:
         att = float(metrics.get("slo_attainment") or 0.0)
-        self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, "wall_s": wall_s})
+        self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, "wall_s": wall_s,
+                            "cpu_s": cpu_s})
         if att >= self.target:
             self.lo = load if self.lo is None else max(self.lo, load)
         else:
@@ -77,18 +79,18 @@ class Search:
         at = next((p for p in self.probes if p["load"] == self.lo), {})
         return {"capacity": cap, "capacity_rps": cap * capacity_rps, "bracket": [self.lo, self.hi],
                 "at_capacity": at, "probes": sorted(self.probes, key=lambda p: p["load"]),
-                "wall_s": sum(p["wall_s"] for p in self.probes)}
+                "wall_s": sum(p["wall_s"] for p in self.probes), "cpu_s": sum(p["cpu_s"] for p in self.probes)}
 
 
-def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, float]], capacity_rps: float,
+def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, float, float]], capacity_rps: float,
            start: float = 1.0) -> dict[str, dict]:
-    """Sequential searches: ``run(load, policy)`` -> (metrics, wall s)."""
+    """Sequential searches: ``run(load, policy)`` -> (metrics, wall s, CPU s)."""
     out = {}
     for pol in policies:
         s = Search(pol, start=start)
         while (x := s.next_load()) is not None:
-            m, w = run(x, pol)
-            s.record(x, m, w)
+            m, w, c = run(x, pol)
+            s.record(x, m, w, c)
         out[pol] = s.result(capacity_rps)
     return out
 
@@ -102,11 +104,11 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
 
     say = log or (lambda _msg: None)
     if workers <= 1:
-        def one(load: float, pol: str) -> tuple[dict, float]:
-            t0 = time.monotonic()
+        def one(load: float, pol: str) -> tuple[dict, float, float]:
+            t0, c0 = time.monotonic(), time.process_time()
             m, _, _ = bench.run_one(scenario, arrivals, capacity_rps, load, pol, opts)
             say(f"{pol} at load {load:g}: attainment {100 * m['slo_attainment']:.1f}%")
-            return m, time.monotonic() - t0
+            return m, time.monotonic() - t0, time.process_time() - c0
         return search(policies, one, capacity_rps, start)
     searches = {p: Search(p, start=start) for p in policies}
     workers = min(workers, 4 * len(policies))
@@ -130,16 +132,17 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 pol, x = pending.pop(fut)
-                m, _, _, w, _ = fut.result()
-                searches[pol].record(x, m, w)
-                say(f"{pol} at load {x:g}: attainment {100 * m['slo_attainment']:.1f}% ({w:.0f} s)")
+                m, _, _, w, c = fut.result()
+                searches[pol].record(x, m, w, c)
+                say(f"{pol} at load {x:g}: attainment {100 * m['slo_attainment']:.1f}% ({w:.0f} s, CPU {c:.0f} s)")
             fill()
     return {p: s.result(capacity_rps) for p, s in searches.items()}
 
 
 def table(caps: dict[str, dict]) -> list[str]:
     rows = ["| policy | capacity at SLO (load) | requests/s | bracket (held, failed) | attainment there | "
-            "TTFT p99 there (s) | abandoned | shed | probes | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "TTFT p99 there (s) | abandoned | shed | probes | wall s | CPU s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for pol, c in caps.items():
         at = c["at_capacity"]
         lo, hi = c["bracket"]
@@ -147,7 +150,7 @@ def table(caps: dict[str, dict]) -> list[str]:
                     f"{'–' if lo is None else f'{lo:g}'}, {'–' if hi is None else f'{hi:g}'} | "
                     + (f"{100 * at['slo_attainment']:.1f}% | {(at['ttft_p99_ms'] or 0) / 1000:.2f} | "
                        f"{at['abandoned']} | {at['shed']}" if at else "– | – | – | –")
-                    + f" | {len(c['probes'])} | {c['wall_s']:.0f} |")
+                    + f" | {len(c['probes'])} | {c['wall_s']:.0f} | {c['cpu_s']:.0f} |")
     return rows
 
 
@@ -164,7 +167,8 @@ def write(out: Path, scenario, seed: int, caps: dict[str, dict], meta: dict) -> 
              f"- Capacity at SLO = the highest load (fraction of the pool's analytic capacity, "
              f"{meta.get('capacity_rps', 0):.3f} requests/s at 1.0) at which SLO attainment over all arrivals "
              f"stays >= {100 * TARGET:g}%, by bisection to {100 * TOLERANCE:g}% (`load/sim/capacity.py`).",
-             f"- Search wall time: {meta.get('wall_s', 0):.0f} s with {meta.get('workers', 1)} worker(s).", "",
+             f"- Search wall time: {meta.get('wall_s', 0):.0f} s with {meta.get('workers', 1)} worker(s); CPU time "
+             f"of all probes: {sum(c['cpu_s'] for c in caps.values()):.0f} s.", "",
              *table(caps), "", "## Probes", ""]
     for pol, c in caps.items():
         lines.append(f"- `{pol}`: " + ", ".join(f"{p['load']:g} -> {100 * p['slo_attainment']:.1f}%"
