@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
-from load.sim import bench, flowsim, parallel
+from load.sim import bench, engines, flowsim, parallel, verdict
+from load.sim import capacity as capsearch
 from load.sim.harm_oracle import TRUE_HARM_PARTS
 from load.sim.report import write_plots, write_report, write_results
 from load.sim.scenarios import LOADS, POLICIES, SCENARIOS, get_scenario
@@ -30,7 +32,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --trace: servers in the pool (default 8, or prefill + decode servers when both are "
                         "given)")
     p.add_argument("--preset", default=None, help="with --trace: server preset (see --list; default llama3-8b-a100)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies (default: all of --list's sweep; with --capacity: "
+                        + ", ".join(capsearch.DEFAULT_POLICIES) + ")")
+    p.add_argument("--engine", default="default", metavar="NAME[:COUNT,...]",
+                   help="run the servers on a foreign engine the router is not told about (see --list), or a "
+                        "mixed pool, e.g. default:4,slow:4 (counts in server order, adding up to the pool)")
+    p.add_argument("--engine-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="set an engine coefficient for every server, e.g. speed_scale=0.7, "
+                        "prefill_attention_scale=2, max_num_seqs=32 (repeatable; see load/sim/engines.py)")
+    p.add_argument("--capacity", action="store_true",
+                   help="per policy, the highest load at which SLO attainment stays >= 90%%, by bisection to 2%% "
+                        "(--load is not used); report.md opens with the verdict")
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
                    help="comma-separated loads as fractions of the cluster's capacity; with --trace, 'native' replays "
                         "the trace at its own timestamps")
@@ -161,12 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         for spec in PRESETS.values():
             print(f"  {spec.name:<20} KV cache {spec.kv_capacity_tokens:,} tokens, {spec.max_num_batched_tokens} "
                   "batched tokens per step")
+        print("\nengines (--engine NAME, or a mixed pool NAME:COUNT,...):")
+        for e in engines.ENGINES.values():
+            print(f"  {e.name:<20} {e.description}")
         print("\npolicies:\n  " + ", ".join(bench.known_policies()))
         print("  <router>+<ordering>: flow control in front of a router, ordering one of fcfs, round-robin, las, "
               "turn-priority (e.g. token-load+turn-priority, predicted+las)")
         return 0
     try:
-        scenario = _scenario(args)
+        scenario = engines.apply(_scenario(args), args.engine, _pairs(args.engine_param, "--engine-param"))
+        if args.policies is None:
+            args.policies = ",".join(capsearch.DEFAULT_POLICIES if args.capacity else POLICIES)
         parsed_loads = _loads(args.load, native=args.trace is not None)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         bad = [p for p in policies if not bench.is_known(p)]
@@ -262,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         native_note = (f"load native = the trace's own pace, {share * capacity:.3f} requests/s = "
                        f"{100 * share:.1f}% of capacity ({capacity:.3f} requests/s)")
         print(native_note)
+    if args.capacity:
+        return _main_capacity(args, scenario, policies, opts)
     if args.seeds > 1:
         return _main_seeds(args, scenario, loads, policies, opts, native_note)
     arrivals, capacity = bench.prepare(scenario, opts)
@@ -288,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     realism = bench.realism_for(scenario, opts)
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "realism": realism.describe() if realism is not None else "",
+            "engine": engines.describe(args.engine, _pairs(args.engine_param, "--engine-param")),
             "slo": slo, "policy_notes": notes, "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"true_latencies": True} if args.true_latencies else {}),
@@ -302,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         write_results(out, scenario.name, args.seed, summary, meta)
         plots = [] if args.no_plots else write_plots(out, results, raw, dict(loads))
         report = write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
+        verdict.prepend(report, verdict.lines(results))
         if scenario.programs is not None:
             from load.sim.agentic import table as ptable
             with open(report, "a") as f:
@@ -318,6 +340,22 @@ def main(argv: list[str] | None = None) -> int:
             if scenario.programs is not None:
                 from load.sim.agentic import table as ptable
                 print(ptable(per))
+    return 0
+
+
+def _main_capacity(args, scenario, policies, opts) -> int:
+    t0 = time.monotonic()
+    arrivals, cap_rps = bench.prepare(scenario, opts)
+    caps = capsearch.run(scenario, arrivals, cap_rps, policies, opts, args.workers,
+                        log=None if args.quiet else lambda msg: print(msg, file=sys.stderr))
+    meta = {"requests": len(arrivals), "capacity_rps": cap_rps, "cluster": scenario.cluster_desc(),
+            "engine": engines.describe(args.engine, _pairs(args.engine_param, "--engine-param")),
+            "wall_s": time.monotonic() - t0, "workers": args.workers}
+    if args.out:
+        capsearch.write(Path(args.out), scenario, args.seed, caps, meta)
+        print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
+    else:
+        print("\n".join([*verdict.lines({}, caps), *capsearch.table(caps)]))
     return 0
 
 

@@ -17,8 +17,6 @@ def test_step_model_is_linear_in_the_batch_and_speed_divides_it():
     assert m.ms(100, 2_000, 3, 0) == pytest.approx(11.0 + 2.0 + 5.0)        # decodes read their context
     assert m.ms(100, 0, 0, 10_000) == pytest.approx(12.0)                   # causal pairs of the prefill
     assert StepModel(1.0, 0.1, 0.001, 5.0, 0.0001, speed=2.0).ms(100, 0, 0, 0) == pytest.approx(5.5)
-    # the defaults (fitted to Llama-3-8B / A100): a lone decode ~11 ms, a full prefill chunk ~140 ms
-    assert 5 < StepModel().ms(1, 1_000, 1, 0) < 20 < 100 < StepModel().ms(2_048, 0, 0, 2_048 * 1_024) < 300
 
 
 def test_an_idle_engine_prefills_in_chunks_then_decodes_a_token_a_step():

@@ -33,12 +33,16 @@ prefill goes where and when the decodes it would slow are gone, at the cost of T
 request did not need.
 
 The step time is linear in the batch (:class:`~epp_client.twin.StepModel`; the ``step*``
-parameters, defaults fitted to measured Llama-3-8B / A100 step times, ``engineSpeed`` divides
-them all). The filter keeps the endpoints with the lowest count (order preserved; endpoints
-without a prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 without a
-prediction.
+parameters are the router's prior, ``engineSpeed`` divides them all). The twin is the plugins'
+:class:`EngineModel`, their one view of an engine: a reference that knows the engine (the
+simulator's ``--true-harm``) replaces it with :meth:`DecodeHarmCount.use_engine_model`.
+
+The filter keeps the endpoints with the lowest count (order preserved; endpoints without a
+prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 without a prediction.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 from ..params import Plugin, ge, gt, param, within
 from ..twin import Outcome, StepModel, placement
@@ -56,6 +60,29 @@ def _loads_an_adapter(target: str, e: Endpoint) -> bool:
     there waits for the adapter to load, and may swap out one that others use."""
     m = e.metrics
     return bool(target) and m is not None and m.max_active_lora > 0 and lora_affinity(target, m) < 1.0
+
+
+class EngineModel(Protocol):
+    """What the decode-harm plugins know of an engine: the outcome of placing ``request`` (its
+    ``prompt`` tokens, ``cached`` of them in the endpoint's prefix cache) on ``endpoint``, which
+    has a prediction (the requests this router has running there)."""
+
+    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome: ...
+
+
+class TwinEngine:
+    """The plugins' own engine model: the engine twin (:func:`epp_client.twin.placement`) over
+    the endpoint's running requests, with the configured step model and token budget."""
+
+    def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
+        self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
+
+    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
+        pred = endpoint.prediction
+        if pred is None:
+            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
+        return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
+                         self.max_steps)
 
 
 class DecodeHarmCount(Plugin):
@@ -109,6 +136,13 @@ class DecodeHarmCount(Plugin):
     def setup(self) -> None:
         self.step_model = StepModel(self.step_fixed_ms, self.step_per_token_ms, self.step_per_context_token_ms,
                                     self.step_decode_ms, self.step_per_prefill_pair_ms, self.engine_speed)
+        self.engine_model: EngineModel = TwinEngine(self.step_model, self.prefill_chunk_tokens, self.probe_steps,
+                                                    self.max_steps)
+
+    def use_engine_model(self, model: EngineModel) -> None:
+        """Judge placements with ``model`` instead of the engine twin (a reference that knows the
+        engine, e.g. the simulator's truth); the count's rule is unchanged."""
+        self.engine_model = model
 
     def parts(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, tuple[float, float, float]]:
         """Per endpoint with a prediction, the count's three terms: (running requests harmed, 1 if
@@ -121,12 +155,10 @@ class DecodeHarmCount(Plugin):
         prompt = max(0, int(request.input_tokens))
         out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
         for e in endpoints:
-            pred = e.prediction
-            if pred is None:
+            if e.prediction is None:
                 continue
             cached = prompt - uncached_prompt_tokens(e, prompt)
-            o = placement(self.step_model, self.prefill_chunk_tokens, pred.running_decodes(), prompt, cached,
-                          self.probe_steps, self.max_steps)
+            o = self.engine_model.placement(request, e, prompt, cached)
             late = max(o.ttft_ms / request.ttft_slo_ms if request.ttft_slo_ms > 0 else 0.0,
                        o.tpot_ms / request.tpot_slo_ms if request.tpot_slo_ms > 0 else 0.0)
             own = 0.0

@@ -18,6 +18,8 @@ every server's true state. It is not in the default sweep (``--policies oracle-h
 """
 from __future__ import annotations
 
+from epp_client.plugins.harm import Outcome
+
 from .driver import LifecycleRouter, doc_note
 from .request import SimRequest
 from .routers import OracleScheduler
@@ -43,18 +45,24 @@ class HarmOracleScheduler(OracleScheduler):
             n += tpot > r.tpot_slo_ms
         return n
 
-    def _harm_score(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+    def outcome(self, idx: int, req: SimRequest, now: float) -> tuple[int, float, float]:
+        """Placing ``req`` on server ``idx`` now, the truth: (requests pushed over their TPOT SLO,
+        its TTFT from now in ms, inf when not within ``max_steps``; its TPOT over the probe steps)."""
         _, probe, t_end, running = self._run_with(idx, req, now)
         over_with = self._over_tpot(running, t_end)
         base, t0 = self._start(idx, now)
         over_without = self._over_tpot([*base.running, *base.waiting], self._advance(base, t0, until_t=t_end))
         harm = max(0, over_with - over_without)
-        if probe.first_token_t < 0:   # not even its first token within max_steps: as bad as it gets here
-            own = float("inf")
-        else:
-            ttft = (probe.first_token_t - now) * 1000.0
-            gen = probe.generated - 1
-            own = self._score(req, ttft, (t_end - probe.first_token_t) * 1000.0 / gen if gen > 0 else 0.0)[0]
+        if probe.first_token_t < 0:
+            return harm, float("inf"), float("inf")
+        gen = probe.generated - 1
+        tpot = (t_end - probe.first_token_t) * 1000.0 / gen if gen > 0 else 0.0
+        return harm, (probe.first_token_t - now) * 1000.0, tpot
+
+    def _harm_score(self, idx: int, req: SimRequest, now: float) -> tuple[float, float]:
+        harm, ttft, tpot = self.outcome(idx, req, now)
+        # not even its first token within max_steps: as bad as it gets here
+        own = float("inf") if ttft == float("inf") else self._score(req, ttft, tpot)[0]
         return harm + (own > 1.0), own
 
     def route(self, req, now):
@@ -84,15 +92,17 @@ TRUE_HARM_PARTS = ("all", "harm", "own")
 
 class TrueHarm:
     """``simulate --true-harm [PART]``: the ``decode-harm-filter`` / ``decode-harm-scorer`` of a
-    predicted policy count with the simulator's truth instead of their estimate, to see what a
-    better estimate could give a profile (as ``--true-latencies`` does for the latency
-    predictions). Per candidate, from :meth:`HarmOracleScheduler._harm_score` (the server
-    simulated forward ``probe`` decode steps past the request's first token):
+    predicted policy judge placements with the simulator's truth instead of their engine twin, to
+    see what a better estimate could give a profile (as ``--true-latencies`` does for the latency
+    predictions). The truth reaches the plugins through their one engine interface
+    (:class:`epp_client.plugins.harm.EngineModel`, :meth:`use_engine_model`): per candidate, the
+    server simulated forward ``probe`` decode steps past the request's first token
+    (:meth:`HarmOracleScheduler.outcome`); the plugins' rule (own miss, ``maxLateness``, adapter
+    and KV terms, holds) is unchanged:
 
-    - ``all``: the true count alone (requests pushed over their TPOT SLO plus the request's own miss);
-    - ``harm``: the true requests pushed over in place of the estimated harm term, the plugin's
-      own-miss, adapter and KV terms as estimated;
-    - ``own``: the request's true own miss in place of the predicted one, the rest as estimated."""
+    - ``all``: the true outcome (requests pushed over their TPOT SLO, the request's TTFT and TPOT);
+    - ``harm``: the true requests pushed over, the request's own TTFT and TPOT from the twin;
+    - ``own``: the twin's harm, the request's true TTFT and TPOT."""
 
     def __init__(self, part: str = "all", probe: int = 4) -> None:
         import random
@@ -109,41 +119,38 @@ class TrueHarm:
         self.router = router
 
     def install(self, scheduler) -> int:
-        """Point the harm plugins of ``scheduler``'s profiles at the true counts; how many."""
+        """Give the harm plugins of ``scheduler``'s profiles the true engine model; how many."""
         from epp_client.plugins.harm import DecodeHarmCount
 
         n = 0
         for profile in scheduler.profiles:
             for plugin in (*profile.filters, *(s for s, _ in profile.scorers)):
                 if isinstance(plugin, DecodeHarmCount):
-                    plugin.assess = self._mixer(plugin.assess)   # type: ignore[method-assign]
+                    plugin.use_engine_model(TrueEngine(self, plugin.engine_model))
                     n += 1
         return n
 
-    def _true(self, request, endpoints) -> dict[str, tuple[int, bool]]:
-        """Per endpoint: (requests the placement pushes over their TPOT SLO, the request's own miss)."""
+    def outcome(self, endpoint_name: str) -> Outcome:
+        """The truth of placing the request being scheduled on that endpoint, now."""
         router = self.router
         if router is None or router.sim is None or router.current is None:
             raise RuntimeError("true harm: asked outside a scheduling decision of a bound router")
         self.oracle.bind(router.sim, router)
-        now = router.sim.now
-        out = {}
-        for e in endpoints:
-            count, own = self.oracle._harm_score(router.by_name[e.name], router.current, now)
-            out[e.name] = (int(count) - (own > 1.0), own > 1.0)
-        return out
+        return Outcome(*self.oracle.outcome(router.by_name[endpoint_name], router.current, router.sim.now))
 
-    def _mixer(self, estimate):
-        """The plugin's ``assess`` with the true terms in place of the estimated ones (``all``: the
-        true harm and own miss alone); the twin's outcome stays (a hold reads its TTFT)."""
-        def assess(request, endpoints):
-            est = estimate(request, endpoints)
-            true = self._true(request, [e for e in endpoints if e.name in est])
-            out = {}
-            for n, ((harm, own, rest), outcome) in est.items():
-                th, town = float(true[n][0]), float(true[n][1])
-                terms = ((th, town, 0.0) if self.part == "all" else (th, own, rest) if self.part == "harm"
-                         else (harm, town, rest))
-                out[n] = (terms, outcome)
-            return out
-        return assess
+
+class TrueEngine:
+    """An engine model (``epp_client.plugins.harm.EngineModel``) answering with the truth, or for
+    ``--true-harm harm`` / ``own`` with one part of it over the ``estimate``'s."""
+
+    def __init__(self, truth: TrueHarm, estimate) -> None:
+        self.truth, self.estimate = truth, estimate
+
+    def placement(self, request, endpoint, prompt: int, cached: int) -> Outcome:
+        true = self.truth.outcome(endpoint.name)
+        part = self.truth.part
+        if part == "all":
+            return true
+        est = self.estimate.placement(request, endpoint, prompt, cached)
+        return true._replace(ttft_ms=est.ttft_ms, tpot_ms=est.tpot_ms) if part == "harm" else est._replace(
+            ttft_ms=true.ttft_ms, tpot_ms=true.tpot_ms)

@@ -43,10 +43,18 @@ def _init(shared: tuple) -> None:
     _shared = shared
 
 
-def _work(load: float, policy: str):
+def work(load: float, policy: str):
+    """One (load, policy) run in a worker of :func:`pool`: (metrics, raw, note, wall s, cpu s)."""
     assert _shared is not None, "worker not initialised"
     scenario, arrivals, capacity, opts = _shared
     return _timed(scenario, arrivals, capacity, load, policy, opts)
+
+
+def pool(scenario, arrivals: Sequence, capacity: float, opts: bench.RunOptions, workers: int) -> ProcessPoolExecutor:
+    """``workers`` forked processes sharing the sweep's scenario, arrivals, capacity and options;
+    submit :func:`work` to them."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_init,
+                               initargs=((scenario, arrivals, capacity, opts),))
 
 
 def _cost(load: float, policy: str) -> tuple:
@@ -70,10 +78,8 @@ def run_sweep(scenario, arrivals: Sequence, capacity: float, loads: Sequence[tup
             bar.finish_run()
         return out
     done: dict = {}
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                             initargs=((scenario, arrivals, capacity, opts),)) as pool:
-        futures = {pool.submit(_work, load, pol): (label, pol)
+    with pool(scenario, arrivals, capacity, opts, workers) as ex:
+        futures = {ex.submit(work, load, pol): (label, pol)
                    for label, load, pol in sorted(jobs, key=lambda j: _cost(j[1], j[2]))}
         bar.start(f"{workers} workers")
         for fut in as_completed(futures):

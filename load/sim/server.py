@@ -33,6 +33,10 @@ class Metrics(NamedTuple):
     max_lora: int = 0
 
 
+def _prefilling(req: SimRequest) -> bool:
+    return req.computed < req.target
+
+
 class ModelServer:
     def __init__(self, index: int, spec: ServerSpec, prefix_caching: bool = True) -> None:
         self.index = index
@@ -182,6 +186,8 @@ class ModelServer:
         pairs = 0.0
         preempted = False
         running = self.running
+        if spec.batching_order != "default":    # stable sorts: admission order within decodes and prompts
+            running.sort(key=_prefilling, reverse=spec.batching_order == "prefill-first")
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]

@@ -25,6 +25,14 @@ _A_ATT_7B_H100 = 4 * 4096 * 32 / 494e12 * 1e3      # (989 TFLOPs peak)
 _A_ATT_70B_H100_TP4 = 4 * 8192 * 80 / (4 * 494e12) * 1e3
 
 
+#: the order the running requests of a step are batched in (waiting prompts come after them):
+#: ``default`` admission order (a prompt still prefilling is the last admitted, so decodes come
+#: first unless a preempted request was re-admitted behind them); ``decode-first`` every decode
+#: before any prefill chunk, always; ``prefill-first`` the running prompts' chunks before the
+#: decodes, which get the budget they leave (a long prompt stalls the server's decodes)
+BATCHING_ORDERS = ("default", "decode-first", "prefill-first")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything that defines one simulated model server (one endpoint)."""
@@ -42,6 +50,8 @@ class ServerSpec:
     max_num_batched_tokens: int = 2048   # per-step token budget (chunked prefill)
     max_num_seqs: int = 256
     speed: float = 1.0                   # >1 = faster GPU (all step times divided by it)
+    batching_order: str = "default"      # which running requests get the step's budget first (BATCHING_ORDERS)
+    engine: str = "default"              # the foreign engine this server runs (load/sim/engines.py)
 
     def __post_init__(self) -> None:
         if len(self.lin_tokens) != len(self.lin_ms) or len(self.lin_tokens) < 2:
@@ -57,6 +67,9 @@ class ServerSpec:
             raise ValueError(f"{self.name}: kv_capacity_tokens must hold at least one block")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError(f"{self.name}: token budget and max_num_seqs must be > 0")
+        if self.batching_order not in BATCHING_ORDERS:
+            raise ValueError(f"{self.name}: batching_order {self.batching_order!r} is not one of "
+                             + ", ".join(BATCHING_ORDERS))
 
     @property
     def num_blocks(self) -> int:
@@ -81,6 +94,15 @@ class ServerSpec:
             t += self.c_attn
         t += self.a_att * prefill_pairs + self.c_fix
         return t / self.speed
+
+    def request_work_ms(self, input_len: int, output_len: int, hit: int) -> float:
+        """GPU time one request costs this server when saturated (full token-budget steps)."""
+        b = self.max_num_batched_tokens
+        per_token = (self.c_lin(b) + self.c_tok * b + self.c_fix) / b
+        new = input_len - hit
+        pairs = new * (hit + new / 2.0)
+        decode_ctx = (output_len - 1) * (input_len + output_len / 2.0)
+        return (per_token * (new + output_len - 1) + self.a_att * pairs + self.a_kv * decode_ctx) / self.speed
 
     def with_overrides(self, overrides: Mapping) -> ServerSpec:
         """Copy with some coefficients replaced (unknown keys are an error)."""

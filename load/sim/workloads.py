@@ -324,24 +324,26 @@ def ideal_hit_tokens(arrivals: Sequence[Arrival]) -> list[int]:
 
 def request_work_ms(spec: ServerSpec, input_len: int, output_len: int, hit: int) -> float:
     """GPU time one request costs a saturated server (full token-budget steps)."""
-    b = spec.max_num_batched_tokens
-    per_token = (spec.c_lin(b) + spec.c_tok * b + spec.c_fix) / b
-    new = input_len - hit
-    pairs = new * (hit + new / 2.0)
-    decode_ctx = (output_len - 1) * (input_len + output_len / 2.0)
-    return (per_token * (new + output_len - 1) + spec.a_att * pairs + spec.a_kv * decode_ctx) / spec.speed
+    return spec.request_work_ms(input_len, output_len, hit)
 
 
 def capacity_rps(arrivals: Sequence[Arrival], servers: Sequence[ServerSpec], prefix_reuse: bool = False) -> float:
-    """Requests/s the cluster can serve at 100% load: total speed-weighted GPU time over
-    the mean per-request work on saturated servers (full token-budget steps), without
-    prefix reuse by default (``prefix_reuse=True``: with an ideal shared cache). Prefix
-    hits won by routing make room below this bound; partial steps and preemptions use it up."""
+    """Requests/s the cluster can serve at 100% load: per server shape (a spec at speed 1), the
+    shape's speed-weighted GPU time over its mean per-request work on saturated servers (full
+    token-budget steps), without prefix reuse by default (``prefix_reuse=True``: with an ideal
+    shared cache). Prefix hits won by routing make room below this bound; partial steps and
+    preemptions use it up."""
     hits = ideal_hit_tokens(arrivals) if prefix_reuse else [0] * len(arrivals)
-    ref = servers[0]
-    mean_work = sum(request_work_ms(ref.with_overrides({"speed": 1.0}), a.input_len, a.output_len, h)
-                    for a, h in zip(arrivals, hits)) / max(1, len(arrivals))
-    return sum(s.speed for s in servers) * 1000.0 / mean_work
+    shapes: dict[ServerSpec, float] = {}
+    for s in servers:
+        shape = s.with_overrides({"speed": 1.0})
+        shapes[shape] = shapes.get(shape, 0.0) + s.speed
+    total = 0.0
+    for shape, speed in shapes.items():
+        mean_work = sum(request_work_ms(shape, a.input_len, a.output_len, h)
+                        for a, h in zip(arrivals, hits)) / max(1, len(arrivals))
+        total += speed * 1000.0 / mean_work
+    return total
 
 
 def native_rate(arrivals: Sequence[Arrival]) -> float:

@@ -1,0 +1,178 @@
+"""Capacity at SLO (``simulate --capacity``): per policy, the highest load at which SLO attainment
+stays >= 90%, found by bisection over the load scale (DistServe's goodput definition).
+
+Per policy the search runs the scenario at load 1.0, then steps up (x1.25) while the attainment
+holds, or down while it does not (by the attainment's shortfall: x attainment / 90%, between
+x0.5 and x0.8), until one load holds and a higher one fails; then it
+bisects that bracket until its width is at most 2% of the lower end. The capacity is the lower
+end (the highest load run that held), as a fraction of the pool's analytic capacity and in
+requests/s. The search assumes attainment falls with load; every probe is kept in the results,
+so a non-monotone policy shows. The policies' searches run side by side in ``--workers``
+processes (each probe is one ordinary run: same seed, same arrivals scaled to the load); a
+worker with no probe of its own to run takes the next of another search: the next step up or
+down while a bracket is sought, or the middle of the widest gap left in the bracket between the
+loads already running, so a search with more workers narrows its bracket more per round.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TARGET = 0.9          # attainment that must hold
+TOLERANCE = 0.02      # bracket width relative to its lower end
+STEP_UP, STEP_DOWN = 1.25, 0.8
+MIN_LOAD, MAX_LOAD = 0.05, 10.0
+#: the policies ``--capacity`` compares when none are given
+DEFAULT_POLICIES = ("predicted", "llmd-token-load", "llmd-default")
+PROBE_KEYS = ("slo_attainment", "goodput_rps", "ttft_p99_ms", "tpot_p99_ms", "abandoned", "shed", "preemptions")
+
+
+@dataclass
+class Search:
+    """One policy's bisection: ``lo`` the highest load that held, ``hi`` the lowest that failed."""
+
+    policy: str
+    target: float = TARGET
+    tolerance: float = TOLERANCE
+    start: float = 1.0
+    lo: float | None = None
+    hi: float | None = None
+    probes: list[dict] = field(default_factory=list)
+
+    def next_load(self, inflight: Sequence[float] = ()) -> float | None:
+        """The next load to run while ``inflight`` loads are running; None when there is none to
+        run now (the search is over, or it waits for a running probe)."""
+        lo, hi = self.lo, self.hi
+        if lo is None and hi is None:
+            return None if inflight else self.start
+        if lo is None:
+            assert hi is not None   # down by the attainment's shortfall, between x0.5 and x0.8
+            att = float(next(p for p in self.probes if p["load"] == hi)["slo_attainment"] or 0.0)
+            x = min([hi, *inflight]) * min(STEP_DOWN, max(0.5, att / self.target))
+            return None if x < MIN_LOAD else round(x, 4)
+        if hi is None:
+            x = max([lo, *inflight]) * STEP_UP
+            return None if x > MAX_LOAD else round(x, 4)
+        # the widest gap between the bracket's ends and the loads running inside it, halved
+        cuts = sorted({lo, hi, *(x for x in inflight if lo < x < hi)})
+        width, neg_left = max((b - a, -a) for a, b in zip(cuts, cuts[1:]))   # ties: the lower gap
+        left = -neg_left
+        if width <= self.tolerance * lo:
+            return None
+        x = round(left + width / 2.0, 4)
+        return None if x in inflight else x
+
+    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0) -> None:
+        att = float(metrics.get("slo_attainment") or 0.0)
+        self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, "wall_s": wall_s,
+                            "cpu_s": cpu_s})
+        if att >= self.target:
+            self.lo = load if self.lo is None else max(self.lo, load)
+        else:
+            self.hi = load if self.hi is None else min(self.hi, load)
+
+    def result(self, capacity_rps: float) -> dict:
+        cap = self.lo or 0.0
+        at = next((p for p in self.probes if p["load"] == self.lo), {})
+        return {"capacity": cap, "capacity_rps": cap * capacity_rps, "bracket": [self.lo, self.hi],
+                "at_capacity": at, "probes": sorted(self.probes, key=lambda p: p["load"]),
+                "wall_s": sum(p["wall_s"] for p in self.probes), "cpu_s": sum(p["cpu_s"] for p in self.probes)}
+
+
+def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, float, float]], capacity_rps: float,
+           start: float = 1.0) -> dict[str, dict]:
+    """Sequential searches: ``run(load, policy)`` -> (metrics, wall s, CPU s)."""
+    out = {}
+    for pol in policies:
+        s = Search(pol, start=start)
+        while (x := s.next_load()) is not None:
+            m, w, c = run(x, pol)
+            s.record(x, m, w, c)
+        out[pol] = s.result(capacity_rps)
+    return out
+
+
+def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, workers: int,
+        start: float = 1.0, log: Callable[[str], None] | None = None) -> dict[str, dict]:
+    """Every policy's capacity at SLO on the scenario (probes of all policies in ``workers`` processes)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from . import bench, parallel
+
+    say = log or (lambda _msg: None)
+    if workers <= 1:
+        def one(load: float, pol: str) -> tuple[dict, float, float]:
+            t0, c0 = time.monotonic(), time.process_time()
+            m, _, _ = bench.run_one(scenario, arrivals, capacity_rps, load, pol, opts)
+            say(f"{pol} at load {load:g}: attainment {100 * m['slo_attainment']:.1f}%")
+            return m, time.monotonic() - t0, time.process_time() - c0
+        return search(policies, one, capacity_rps, start)
+    searches = {p: Search(p, start=start) for p in policies}
+    workers = min(workers, 4 * len(policies))
+    with parallel.pool(scenario, arrivals, capacity_rps, opts, workers) as ex:
+        pending: dict = {}
+
+        def fill() -> None:
+            """Give every idle worker the next probe of the search with the fewest running."""
+            while len(pending) < workers:
+                running = {p: [x for q, x in pending.values() if q == p] for p in searches}
+                for pol in sorted(searches, key=lambda p: len(running[p])):
+                    x = searches[pol].next_load(running[pol])
+                    if x is not None:
+                        pending[ex.submit(parallel.work, x, pol)] = (pol, x)
+                        break
+                else:
+                    return
+
+        fill()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                pol, x = pending.pop(fut)
+                m, _, _, w, c = fut.result()
+                searches[pol].record(x, m, w, c)
+                say(f"{pol} at load {x:g}: attainment {100 * m['slo_attainment']:.1f}% ({w:.0f} s, CPU {c:.0f} s)")
+            fill()
+    return {p: s.result(capacity_rps) for p, s in searches.items()}
+
+
+def table(caps: dict[str, dict]) -> list[str]:
+    rows = ["| policy | capacity at SLO (load) | requests/s | bracket (held, failed) | attainment there | "
+            "TTFT p99 there (s) | abandoned | shed | probes | wall s | CPU s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pol, c in caps.items():
+        at = c["at_capacity"]
+        lo, hi = c["bracket"]
+        rows.append(f"| {pol} | {c['capacity']:.3f} | {c['capacity_rps']:.3f} | "
+                    f"{'–' if lo is None else f'{lo:g}'}, {'–' if hi is None else f'{hi:g}'} | "
+                    + (f"{100 * at['slo_attainment']:.1f}% | {(at['ttft_p99_ms'] or 0) / 1000:.2f} | "
+                       f"{at['abandoned']} | {at['shed']}" if at else "– | – | – | –")
+                    + f" | {len(c['probes'])} | {c['wall_s']:.0f} | {c['cpu_s']:.0f} |")
+    return rows
+
+
+def write(out: Path, scenario, seed: int, caps: dict[str, dict], meta: dict) -> Path:
+    """results.json (``capacity`` per policy with every probe) and report.md (verdict first)."""
+    from . import verdict
+    from .report import _clean
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(_clean({"scenario": scenario.name, "seed": seed, "capacity": caps,
+                                                         "meta": meta}), indent=1))
+    lines = [f"# Capacity at SLO: `{scenario.name}` (seed {seed})", "", *verdict.lines({}, caps),
+             f"- Workload: {scenario.description}.", f"- Cluster: {scenario.cluster_desc()}.",
+             f"- Capacity at SLO = the highest load (fraction of the pool's analytic capacity, "
+             f"{meta.get('capacity_rps', 0):.3f} requests/s at 1.0) at which SLO attainment over all arrivals "
+             f"stays >= {100 * TARGET:g}%, by bisection to {100 * TOLERANCE:g}% (`load/sim/capacity.py`).",
+             f"- Search wall time: {meta.get('wall_s', 0):.0f} s with {meta.get('workers', 1)} worker(s); CPU time "
+             f"of all probes: {sum(c['cpu_s'] for c in caps.values()):.0f} s.", "",
+             *table(caps), "", "## Probes", ""]
+    for pol, c in caps.items():
+        lines.append(f"- `{pol}`: " + ", ".join(f"{p['load']:g} -> {100 * p['slo_attainment']:.1f}%"
+                                                 for p in c["probes"]))
+    p = out / "report.md"
+    p.write_text("\n".join(lines) + "\n")
+    return p

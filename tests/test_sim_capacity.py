@@ -1,0 +1,101 @@
+"""Capacity at SLO (``simulate --capacity``), the verdict at the top of report.md, and equal
+footing: the heuristics behind llm-d's flow control, shed requests counted as misses."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from load import simulate_cli
+from load.sim import verdict
+from load.sim.capacity import TOLERANCE, Search, search
+
+
+def _step(edge: float):
+    """A policy whose attainment falls off at ``edge`` (x its capacity): 95% up to it, 60% past it."""
+    def run(load: float, policy: str) -> tuple[dict, float, float]:
+        return {"slo_attainment": 0.95 if load <= edge else 0.6}, 0.0, 0.0
+    return run
+
+
+@pytest.mark.parametrize("edge", (0.37, 0.737, 1.0, 1.61))
+def test_bisection_brackets_the_edge_to_two_percent(edge):
+    got = search(["p"], _step(edge), capacity_rps=10.0)["p"]
+    lo, hi = got["bracket"]
+    assert lo <= edge < hi and hi - lo <= TOLERANCE * lo
+    assert got["capacity"] == lo and got["capacity_rps"] == pytest.approx(10 * lo)
+    held = [p["load"] for p in got["probes"] if p["slo_attainment"] >= 0.9]
+    assert max(held) == lo and len(got["probes"]) <= 12
+
+
+def test_idle_workers_split_the_widest_gap_and_never_run_a_load_twice():
+    s = Search("p")
+    assert s.next_load() == 1.0 and s.next_load([1.0]) is None    # nothing known yet: wait for the first
+    s.record(1.0, {"slo_attainment": 0.95})
+    assert s.next_load() == 1.25 and s.next_load([1.25]) == pytest.approx(1.5625)   # stepping up
+    s.record(2.0, {"slo_attainment": 0.5})
+    assert s.next_load() == 1.5
+    assert s.next_load([1.5]) == 1.25 and s.next_load([1.5, 1.25]) == 1.75
+    s.record(1.015, {"slo_attainment": 0.5})     # the edge is below 1.015: within 2% of 1.0, done
+    assert s.next_load() is None and s.result(4.0)["capacity"] == 1.0
+
+
+def _metrics(att: float, p99_s: float, abandoned: int | None = None, shed: int = 0) -> dict:
+    m = {"slo_attainment": att, "ttft_p99_ms": p99_s * 1000, "shed": shed}
+    if abandoned is not None:
+        m["abandoned"] = abandoned
+    return m
+
+
+def test_the_verdict_needs_attainment_and_a_bounded_tail_and_no_more_abandoned():
+    best = _metrics(0.88, 24.0, 5)
+    assert verdict.judge_load(_metrics(0.95, 30.0, 5), best) == (True, [])
+    assert verdict.judge_load(_metrics(0.95, 2207.0, 5), best) == (False, ["TTFT p99 over 1.5x"])
+    assert verdict.judge_load(_metrics(0.95, 30.0, 6), best) == (False, ["more abandoned"])
+    assert verdict.judge_load(_metrics(0.88, 20.0, 0), best) == (False, ["attainment not higher"])
+    # before abandonment is counted (no key), it is 0 on both sides
+    assert verdict.judge_load(_metrics(0.95, 30.0), _metrics(0.88, 24.0)) == (True, [])
+
+
+def test_the_best_heuristic_is_llm_d_s_with_or_without_flow_control():
+    per = {"random": _metrics(0.99, 1.0), "llmd-default": _metrics(0.80, 29.0),
+           "llmd-token-load": _metrics(0.88, 24.0), "token-load+fcfs": _metrics(0.91, 3.0, shed=40),
+           "predicted": _metrics(0.95, 23.2)}
+    assert verdict.best_heuristic(per) == "token-load+fcfs"         # random and the profile itself never are
+    text = "\n".join(verdict.lines({"0.8": per}))
+    assert "load 0.8: `predicted` **does not win** against `token-load+fcfs`" in text
+    assert "TTFT p99 over 1.5x" in text and "shed 0 vs 40" in text
+    del per["token-load+fcfs"]
+    assert "**wins** against `llmd-token-load`" in "\n".join(verdict.lines({"0.8": per}))
+    assert verdict.lines({"0.8": {"random": per["random"]}}) == []    # nothing to compare: no verdict
+
+
+def test_capacity_cli_writes_the_verdict_first(tmp_path):
+    out = tmp_path / "cap"
+    assert simulate_cli.main(["--scenario", "standard-small", "--limit", "120", "--capacity", "--policies",
+                              "predicted,llmd-token-load", "--workers", "2", "--quiet", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    for pol in ("predicted", "llmd-token-load"):
+        cap = res["capacity"][pol]
+        lo, hi = cap["bracket"]
+        assert cap["capacity"] == lo > 0 and hi - lo <= TOLERANCE * lo
+        atts = {p["load"]: p["slo_attainment"] for p in cap["probes"]}
+        assert atts[lo] >= 0.9 > atts[hi]
+    report = (out / "report.md").read_text()
+    assert report.index("## Verdict") < report.index("| policy | capacity at SLO")
+    assert "- capacity at SLO: `predicted`" in report and "the best heuristic's" in report
+
+
+def test_heuristics_behind_flow_control_shed_and_each_shed_request_is_a_miss(tmp_path):
+    out = tmp_path / "sweep"
+    assert simulate_cli.main(["--scenario", "standard-small", "--limit", "200", "--load", "2.0", "--policies",
+                              "predicted,llmd-token-load,llmd-token-load+fcfs", "--flow-ttl", "5", "--workers", "1",
+                              "--no-plots", "--quiet", "--out", str(out)]) == 0
+    per = json.loads((out / "results.json").read_text())["results"]["2.0"]
+    fc = per["llmd-token-load+fcfs"]
+    assert fc["shed"] > 0 and fc["flow_rejected-ttl"] > 0
+    assert fc["slo_attainment"] <= (fc["requests"] - fc["shed"]) / fc["requests"]
+    report = (out / "report.md").read_text()
+    best = verdict.best_heuristic(per)
+    assert report.index("## Verdict") < report.index("## Load 2.0")
+    assert f"against `{best}`" in report
