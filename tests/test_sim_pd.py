@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from load.sim.driver import BaseRouter
 from load.sim.engine import ClusterConfig
 from load.sim.pd import KV_SHAPES, KVLink, PDSimulation
 from load.sim.request import SimRequest
-from load.sim.driver import BaseRouter
 from load.sim.stepmodel import get_preset
 
 
