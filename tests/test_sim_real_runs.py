@@ -68,6 +68,14 @@ def test_a_malformed_run_is_refused_naming_the_column(tmp_path):
     with pytest.raises(RunsError, match="generation_time"):
         read_run(bad, "s")
     assert main([str(tmp_path), "--preset", "llama31-70b-a100-tp2"]) == 2
+    cols = "prompt_tokens,generation_tokens,ttft,generation_time,launch_time\n"
+    partial = stack / "LMBench_sharegpt_output_2.csv"
+    partial.write_text(cols + "10,5,,,3.0\n10,0,0.1,0.0,4.0\n10,5,0.2,0.4,5.0\n")
+    run = read_run(partial, "s")                        # incomplete requests are not recorded rows
+    assert [(r.arrival_s, r.ttft_s, r.tpot_ms) for r in run.rows] == [(0.0, 0.2, pytest.approx(100.0))]
+    partial.write_text(cols + "10,5,abc,0.4,5.0\n")
+    with pytest.raises(RunsError, match="'ttft'"):
+        read_run(partial, "s")
     assert main([str(tmp_path / "missing"), "--preset", "llama31-70b-a100-tp2"]) == 2
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--preset", "llama31-70b-a100-tp2", "--policy", "no-equals-sign"])

@@ -4,7 +4,8 @@ A folder such as ``load/data/llm-d-benchmark-exp2`` holds ``<stack>/LMBench_<wor
 files (``LMBench_sharegpt_output_2.csv``, ``LMBench_short_input_qps2.csv``, plain or
 ``.gz``) with one row per completed request: ``prompt_tokens``, ``generation_tokens``,
 ``ttft`` (s), ``generation_time`` (s), ``launch_time`` (Unix s). Requests that timed out are
-not recorded, so a run is exactly the requests it lists, replayed at their launch times.
+not recorded (rows with an empty value or no tokens are skipped as such), so a run is exactly
+the completed requests it lists, replayed at their launch times.
 """
 from __future__ import annotations
 
@@ -69,12 +70,19 @@ def read_run(path: Path, stack: str) -> Run:
         raw = list(reader)
     if not raw:
         raise RunsError(f"{path}: no rows")
-    t0 = min(_num(r, "launch_time", f"{path} row 1") for r in raw)
+    parsed = []
     for i, r in enumerate(raw, 1):
         where = f"{path} row {i}"
+        if any((r.get(c) or "").strip() in ("", "nan", "NaN", "None") for c in _COLUMNS):
+            continue            # a request the client did not complete: not a recorded row
         n_in, n_out = int(_num(r, "prompt_tokens", where)), int(_num(r, "generation_tokens", where))
         if n_in < 1 or n_out < 1:
-            raise RunsError(f"{where}: prompt_tokens and generation_tokens must be >= 1")
+            continue
+        parsed.append((r, where, n_in, n_out))
+    if not parsed:
+        raise RunsError(f"{path}: no completed request (every row lacks a value or has no tokens)")
+    t0 = min(_num(r, "launch_time", where) for r, where, _, _ in parsed)
+    for r, where, n_in, n_out in parsed:
         gen = _num(r, "generation_time", where)
         rows.append(Row(_num(r, "launch_time", where) - t0, n_in, n_out, _num(r, "ttft", where),
                         gen * 1000.0 / (n_out - 1) if n_out > 1 else 0.0))
