@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from load.sim.driver import BaseRouter
 from load.sim.engine import ClusterConfig
 from load.sim.pd import KV_SHAPES, KVLink, PDSimulation
 from load.sim.request import SimRequest
-from load.sim.driver import BaseRouter
 from load.sim.stepmodel import get_preset
 
 
@@ -146,3 +146,62 @@ def test_cli_rejects_bad_pool_sizes(capsys):
 
     assert main(["--scenario", "pd", "--policies", "pd-always", "--prefill-servers", "0"]) == 2
     assert "--prefill-servers" in capsys.readouterr().err
+
+
+# -- what the decode server pays for arriving KV ---------------------------------------------
+def test_transfers_into_one_decode_server_queue_on_its_link():
+    # two prefill servers finish identical-length prompts at the same time: the second transfer
+    # waits for the first on the decode server's NIC
+    reqs = [one(0, key="a"), one(1, key="b")]
+    spec = get_preset("llama3-8b-a100")
+    sim = PDSimulation(ClusterConfig([spec] * 3), reqs, Alternate(0), ("prefill", "prefill", "decode"),
+                       KVLink.for_preset("llama3-8b-a100"))
+    sim.run()
+    one_xfer = 8000 * 131072 / 25e9
+    waits = sorted(x for _, x, _ in sim.transfers.values())
+    assert waits[0] == pytest.approx(one_xfer) and waits[1] == pytest.approx(2 * one_xfer)
+
+
+def test_in_step_load_stalls_the_decode_servers_running_requests():
+    # a long-running decode on the decode server, then an 8000-token prompt arrives through P/D:
+    # loading its KV inside a step stalls the running request for the transfer; async does not
+    def decode_gap(load):
+        spec = get_preset("llama3-8b-a100")
+        first, second = one(0, n=64, out=400, key="x"), one(1, n=8000, out=5, key="y", arrival=0.5)
+        sim = PDSimulation(ClusterConfig([spec] * 2), [first, second], Fixed(1, 0), ("prefill", "decode"),
+                           KVLink.for_preset("llama3-8b-a100", "tcp-100g", load=load))
+        sim.run()
+        return first.tpot_ms * (first.output_len - 1), sim.servers[1].kv_load_s
+
+    async_ms, async_load = decode_gap("async")
+    step_ms, step_load = decode_gap("in-step")
+    xfer_ms = 8000 * 131072 / 10e9 * 1000                            # 104.9 ms over the 10 GB/s TCP link
+    first_ms = 64 * 131072 / 10e9 * 1000                             # the running request's own, before it ran
+    assert step_load * 1000 == pytest.approx(xfer_ms + first_ms)
+    assert async_load * 1000 == pytest.approx(8064 * 131072 / 2039e9 * 1000)   # HBM writes only
+    # the running request's decode time grows by the second prompt's load, less its HBM writes
+    assert step_ms - async_ms == pytest.approx(xfer_ms - 8000 * 131072 / 2039e9 * 1000, rel=0.02)
+
+
+def test_a_request_whose_admission_fails_keeps_its_received_kv():
+    spec = get_preset("llama3-8b-a100")
+    srv = PDSimulation(ClusterConfig([spec] * 2), [], Fixed(1, 0), ("prefill", "decode"),
+                       KVLink.for_preset("llama3-8b-a100")).servers[1]
+    req = one(7, n=4000)
+    srv.remote_kv[req.rid] = 4000
+    full = srv.kv.free
+    srv.kv.allocate(full)                     # no page left: admission fails
+    srv.add(req, 0.0)
+    assert srv.plan_step(0.0) == 0.0 and req.rid in srv.remote_kv
+    srv.kv.release_private(full)
+    assert srv.plan_step(0.0) > 0 and req.computed == 3999 and req.rid not in srv.remote_kv
+
+
+def test_pd_bench_moves_the_decode_tpot_with_the_load_mode():
+    from load.sim.pd_bench import bench_pool
+
+    fast = bench_pool("2p1d", 2.0, KVLink.for_preset("llama3-8b-a100", "tcp-100g", load="async"), n=60)
+    slow = bench_pool("2p1d", 2.0, KVLink.for_preset("llama3-8b-a100", "tcp-100g", load="in-step"), n=60)
+    assert slow["tpot_p50_ms"] > fast["tpot_p50_ms"] and slow["kv_load_share"] > fast["kv_load_share"]
+    with pytest.raises(ValueError, match="load"):
+        KVLink(131072, load="sometimes")

@@ -158,7 +158,8 @@ def run_one(scenario, arrivals, capacity, load, policy, opts, progress=None):
     spec = scenario.servers[0]
     servers = [spec] * n
     roles = [BOTH] * n if policy == "pd-aggregated" else [PREFILL] * setup.prefill + [DECODE] * setup.decode
-    link = KVLink.for_preset(spec.name, setup.link)
+    link = KVLink.for_preset(spec.name, opts.extra.get("kv_link") or setup.link,
+                             load=opts.extra.get("kv_load") or "async")
     scaled = W.scale_to_rate(arrivals, load * capacity)
     reqs = W.make_requests(scaled, scenario.slo_classes, opts.seed, spec)
     router = make_router(policy, opts, link)
@@ -175,3 +176,77 @@ def run_one(scenario, arrivals, capacity, load, policy, opts, progress=None):
     m["goodput_per_gpu_rps"] = m["goodput_rps"] / n
     m["disaggregated_share"] = m.get("disaggregated", 0) / len(reqs) if reqs else 0.0
     return m, raw, router
+
+
+#: pools of the P/D realism bench: (roles, policy)
+BENCH_POOLS = {"aggregated-1": ((BOTH,), "pd-aggregated"), "aggregated-2": ((BOTH, BOTH), "pd-aggregated"),
+               "1p1d": ((PREFILL, DECODE), "pd-always"), "2p1d": ((PREFILL, PREFILL, DECODE), "pd-always")}
+
+
+def bench_pool(pool: str, rate: float, link: KVLink, preset: str = "llama3-8b-a100", n: int = 300,
+               prompt: int = 8000, output: int = 256, seed: int = 0) -> dict:
+    """One pool of ``BENCH_POOLS`` on ``n`` Poisson requests at ``rate``/s of ``prompt``-token unique
+    prompts and ``output``-token answers: TTFT/TPOT, the transfer and the decode servers' batches."""
+    from .bench import RunOptions
+    from .stepmodel import get_preset
+
+    roles, policy = BENCH_POOLS[pool]
+    spec = get_preset(preset)
+    arrivals = W.synthetic_poisson(n, rate=rate, seed=seed, input_median=prompt, input_sigma=0.0,
+                                   output_median=output, output_sigma=0.0, n_system_prompts=0, max_input=prompt)
+    reqs = W.make_requests(arrivals, (), seed, spec)
+    router = make_router(policy, RunOptions(seed=seed), link)
+    sim = PDSimulation(ClusterConfig([spec] * len(roles)), reqs, router, roles, link)
+    res = sim.run()
+    m, _ = summarize(res, len(roles))
+    decoders = [s for s in sim.servers if s.role != PREFILL]
+    tokens = sum(r.output_len for r in reqs if r.done and sim.servers[r.server].role != PREFILL)
+    steps = sum(s.steps for s in decoders)
+    waits = [x for _, x, _ in sim.transfers.values()]
+    return {"pool": pool, "rate": rate, "link": f"{link.bandwidth_gbps:g} GB/s {link.load}",
+            **{k: m[k] for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms")},
+            "transfer_ms_mean": 1000 * sum(waits) / len(waits) if waits else 0.0,
+            "decode_batch_mean": tokens / steps if steps else 0.0,
+            "kv_load_share": sum(s.kv_load_s for s in decoders) / max(1e-9, sum(s.busy_time for s in decoders))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m load.sim.pd_bench``: the P/D realism bench (docs/pd.md, "What the decode server pays")."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m load.sim.pd_bench", description=main.__doc__)
+    ap.add_argument("--pools", default="aggregated-2=1.0,1p1d=1.0,2p1d=2.0",
+                    help="POOL=RATE,... (pools: " + ", ".join(BENCH_POOLS) + ")")
+    ap.add_argument("--links", default="rdma-200g,tcp-100g", help="link names (pd.LINKS_GBPS)")
+    ap.add_argument("--loads", default="async,in-step", help="KV load modes (pd.LOAD_MODES)")
+    ap.add_argument("--preset", default="llama3-8b-a100")
+    ap.add_argument("-n", type=int, default=300)
+    ap.add_argument("--prompt", type=int, default=8000)
+    ap.add_argument("--output", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        pools = [(k, float(v)) for k, _, v in (item.partition("=") for item in a.pools.split(","))]
+    except ValueError:
+        ap.error(f"--pools: expected POOL=RATE,..., got {a.pools!r}")
+    bad = [k for k, _ in pools if k not in BENCH_POOLS]
+    if bad:
+        ap.error(f"--pools: unknown pool(s) {', '.join(bad)}; known: {', '.join(BENCH_POOLS)}")
+    print("| pool | rate | link | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 | KV on decode (ms) | decode batch | "
+          "decode time taking KV in |\n|---|---|---|---|---|---|---|---|---|---|")
+    for pool, rate in pools:
+        modes = [("-", "async")] if BENCH_POOLS[pool][1] == "pd-aggregated" else \
+            [(ln, ld) for ln in a.links.split(",") for ld in a.loads.split(",")]
+        for ln, ld in modes:
+            try:
+                link = KVLink.for_preset(a.preset, ln if ln != "-" else "rdma-200g", load=ld)
+            except ValueError as e:
+                ap.error(str(e))
+            r = bench_pool(pool, rate, link, a.preset, a.n, a.prompt, a.output, a.seed)
+            print(f"| {pool} | {rate:g} | {ln if ln == '-' else r['link']} | {r['ttft_p50_ms']:.0f} | "
+                  f"{r['ttft_p90_ms']:.0f} | {r['tpot_p50_ms']:.1f} | {r['tpot_p90_ms']:.1f} | "
+                  f"{r['transfer_ms_mean']:.0f} | {r['decode_batch_mean']:.1f} | {100 * r['kv_load_share']:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
