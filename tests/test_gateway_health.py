@@ -71,6 +71,7 @@ def test_a_restarted_engine_is_back_on_its_first_good_scrape(engines):
         for _ in range(3):   # refused connections (sent before three failed scrapes make it unhealthy anyway)
             assert httpx.post(srv.url + "/v1/completions", json=BODY).headers["x-engine"] == "b"
         assert gw.endpoints[0].breaker.ejections == 1   # ejected for ten minutes...
+        assert wait_until(lambda: gw.endpoints[0].scrape_failures > 0)   # a scrape saw it down
         a2 = FakeEngine("a", port=a.port).start()       # ...but the engine is back: its scrape says so
         assert wait_until(lambda: endpoint(srv.url, 0)["healthy"])
         assert httpx.post(srv.url + "/v1/completions", json=BODY).headers["x-engine"] == "a"
