@@ -93,7 +93,7 @@ def test_heuristics_behind_flow_control_shed_and_each_shed_request_is_a_miss(tmp
                               "--no-plots", "--quiet", "--out", str(out)]) == 0
     per = json.loads((out / "results.json").read_text())["results"]["2.0"]
     fc = per["llmd-token-load+fcfs"]
-    assert fc["shed"] > 0 and fc["flow_rejected-ttl"] > 0
+    assert fc["shed"] > 0 and fc["flow_rejected-ttl-expired"] > 0
     assert fc["slo_attainment"] <= (fc["requests"] - fc["shed"]) / fc["requests"]
     report = (out / "report.md").read_text()
     best = verdict.best_heuristic(per)

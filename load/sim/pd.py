@@ -225,7 +225,7 @@ class _Handoff:
 
         def deliver(t: float) -> None:
             if req.abandoned:       # the client left during the transfer
-                decode.remote_kv.discard(req.rid)
+                decode.remote_kv.pop(req.rid, None)
                 return
             decode.add(req, t)
             sim.start_server(d, t)

@@ -188,6 +188,7 @@ def bench_pool(pool: str, rate: float, link: KVLink, preset: str = "llama3-8b-a1
     """One pool of ``BENCH_POOLS`` on ``n`` Poisson requests at ``rate``/s of ``prompt``-token unique
     prompts and ``output``-token answers: TTFT/TPOT, the transfer and the decode servers' batches."""
     from .bench import RunOptions
+    from .engine import ClusterConfig
     from .stepmodel import get_preset
 
     roles, policy = BENCH_POOLS[pool]
