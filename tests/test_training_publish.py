@@ -315,7 +315,8 @@ def test_a_losing_target_without_a_served_model_keeps_the_served_prior(parts):
     raw = np.array([parse_training_entry(e).raw for e in ENTRIES])
     y = {t: np.array([e[f"actual_{t}_ms"] for e in ENTRIES], dtype=float) for t in ("ttft", "tpot")}
     result = trainer_mod.train_models(raw, y["ttft"], y["tpot"], config=TrainConfig(params={"n_estimators": 20}))
-    composed = worker._compose(result, ["ttft"], LoadedBundle.builtin_prior())
+    assert worker._compose(result, ["ttft"], LoadedBundle.builtin_prior()) == ["ttft"]
+    composed = result
     assert set(composed.models) == {"tpot"} and "ttft" not in composed.calibration
     assert composed.prior["ttft"] == DEFAULT_PRIOR["ttft"]
     bundle = trainer_mod.loaded_bundle(composed)
@@ -371,11 +372,34 @@ def test_a_losing_target_keeps_a_served_base_alone(parts):
     served = registry.publish(Manifest.from_json(obj), {k: v for k, v in files.items() if k.startswith("tpot")})
     assert served.source == "learned" and served.manifest.base_only("ttft")
     result = trainer_mod.train_models(raw, y["ttft"], y["tpot"], config=cfg)
-    composed = worker._compose(result, ["ttft"], registry.served)
+    assert worker._compose(result, ["ttft"], registry.served) == ["ttft"]
+    composed = result
     assert "ttft" not in composed.models and composed.targets == ("ttft", "tpot")
     assert composed.base["ttft"] == obj["base"]["ttft"] and composed.calibration["ttft"] == obj["calibration"]["ttft"]
     bundle = trainer_mod.loaded_bundle(composed)
     np.testing.assert_allclose(bundle.predict(raw[:50])[0], served.predict(raw[:50])[0])
+
+
+def test_a_losing_target_whose_served_model_cannot_travel_keeps_the_candidates_model(parts):
+    """The served bundle was trained for another quantile (the configuration changed across a
+    restart): its TTFT model cannot go into a bundle of this configuration, so a losing TTFT
+    keeps the candidate's model instead of falling back to the prior."""
+    from features.loaded import LoadedBundle
+
+    _, registry, worker = parts
+    raw = np.array([parse_training_entry(e).raw for e in ENTRIES])
+    y = {t: np.array([e[f"actual_{t}_ms"] for e in ENTRIES], dtype=float) for t in ("ttft", "tpot")}
+    old = trainer_mod.train_models(raw[:1500], y["ttft"][:1500], y["tpot"][:1500],
+                                   config=TrainConfig(params={"n_estimators": 20}, quantile=0.5))
+    registry.publish(*trainer_mod.build_bundle(old, registry.next_version()))
+    assert registry.served.source == "learned" and registry.served.quantile == 0.5
+    result = trainer_mod.train_models(raw, y["ttft"], y["tpot"], config=TrainConfig(params={"n_estimators": 20}))
+    ttft_model = result.models["ttft"]
+    assert worker._compose(result, ["ttft"], registry.served) == []
+    assert result.models["ttft"] is ttft_model and set(result.models) == {"ttft", "tpot"}
+    bundle = trainer_mod.loaded_bundle(result)
+    assert bundle.has_model("ttft") and bundle.quantile == 0.9
+    assert not np.allclose(bundle.predict(raw[:50])[0], LoadedBundle.builtin_prior().predict(raw[:50])[0])
 
 
 def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path):

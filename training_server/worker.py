@@ -337,8 +337,12 @@ class RetrainWorker:
         # served one (no regression)
         kept = [t for t, (v, _) in verdicts.items() if v is False or t not in result.targets]
         if kept:
-            result = self._compose(result, kept, served)
-            reason += f"; kept served {', '.join(kept)}"
+            carried = self._compose(result, kept, served)
+            if carried:
+                reason += f"; kept served {', '.join(carried)}"
+            if len(carried) < len(kept):
+                reason += (f"; served {', '.join(t for t in kept if t not in carried)} not carried over "
+                           "(other model kind, objective, quantile or features): the candidate's model goes out")
             cand_scores = evaluate_bundle(trainer.loaded_bundle(result), test.raw, test.ttft, test.tpot)
         self._phase("publish")
         test_counts = test.counts()
@@ -353,11 +357,14 @@ class RetrainWorker:
         return CycleReport("published", reason, version=bundle.version, candidate=cand_scores,
                            served=served_scores)
 
-    def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> trainer.TrainResult:
-        """Replace the candidate's models for ``kept`` targets by what is served for them: the
-        served model when it is compatible (same kind, objective, quantile and features; a
-        served base alone needs no model file), else the served prior (the target then has no
-        model in the new bundle)."""
+    def _compose(self, result: trainer.TrainResult, kept: list[str], served) -> list[str]:
+        """Replace, in place, the candidate's models for ``kept`` targets by the served ones where
+        they are compatible (same kind, objective, quantile and features; a served base alone
+        needs no model file), or by the served prior where the prior serves them, and return the
+        targets that kept what is served. An incompatible served model (the configuration
+        changed since it was trained) cannot go into this bundle: the target keeps the
+        candidate's model, or, when the candidate has none, the served prior."""
+        carried = []
         m = served.manifest
         files = self.registry.served_files()
         for t in kept:
@@ -367,6 +374,10 @@ class RetrainWorker:
                           and served.objective == result.config.objective
                           and served.quantile == result.config.quantile
                           and tuple(m.feature_names(t) or ()) == tuple(result.feature_names[t]))
+            learned_there = served.source == "learned" and (spec is not None or m.base_only(t))
+            if not compatible and learned_there and t in result.models:
+                continue     # a learned model that cannot travel: the candidate's replaces it
+            carried.append(t)
             result.prior[t] = m.prior[t].to_json()
             result.base.pop(t, None)
             if compatible:
@@ -385,4 +396,4 @@ class RetrainWorker:
             else:
                 result.models.pop(t, None)
                 result.calibration.pop(t, None)
-        return result
+        return carried
