@@ -3,6 +3,7 @@ plugins in the loop (fed by the producer's decode state, tokens streamed as a ga
 ``simulate --true-harm`` (the same plugins counting the simulator's true harm)."""
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -26,6 +27,7 @@ def harm_config(tmp_path_factory):
     return path
 
 
+@functools.cache    # the runs are deterministic and only read: each one once per module
 def _run(config: str, true_harm: str, probe: int = 4):
     sc = get_scenario("standard-small")
     # the plugin's wiring, with the figures quoted below: in the idealised world (no step noise, every
