@@ -34,11 +34,15 @@ def test_json_output_has_the_issue_format(small_trace, tmp_path, capsys, protoco
     assert set(per) == {"ttft", "tpot"}
     for t, key in (("ttft", "actual_ttft_ms"), ("tpot", "actual_tpot_ms")):
         r = per[t]
-        assert set(r) == {"n", "pinball", "pinball_std", "coverage", "coverage_by_regime", "mape", "reference",
-                          "baselines"}
+        assert set(r) == {"n", "pinball", "pinball_std", "coverage", "coverage_by_regime", "n_by_regime", "mape",
+                          "reference", "baselines"}
         assert r["n"] == sum(1 for row in rows if row[key] > 0)
         assert r["pinball"] > 0 and r["pinball_std"] >= 0
         assert 0 <= r["coverage"] <= 100 and set(r["coverage_by_regime"]) <= set(REGIME_NAMES)
+        assert set(r["n_by_regime"]) == set(r["coverage_by_regime"]) and all(k > 0 for k in r["n_by_regime"].values())
+        scored = sum(int(sum(rows[i][key] > 0 for i in np.flatnonzero(test)))
+                     for _, _, test in evaluate.folds(len(rows), protocol, 2))
+        assert sum(r["n_by_regime"].values()) == scored  # every scored row, in exactly one regime
         assert set(r["baselines"]) == {"upstream", "linear"}
         for b in r["baselines"].values():
             assert set(b) == {"pinball", "coverage"} and b["pinball"] > 0 and 0 <= b["coverage"] <= 100

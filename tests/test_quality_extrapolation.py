@@ -142,3 +142,23 @@ def test_trees_that_cannot_answer_an_ordinary_row_give_way_to_the_base_alone(tmp
         assert bundle.has_model("ttft") and bundle.has_model("tpot")
         alone += bundle.manifest.base_only("ttft")
     assert alone >= 1
+
+
+def test_a_recorded_trace_has_no_ttft_for_a_request_whose_client_left_before_its_first_token(tmp_path):
+    """A router never observes the TTFT of a request whose client left before the first token
+    (the simulator's client deadline): such a request is no training entry, never one with a
+    made-up TTFT. Overloaded servers and a 0.5 s deadline: every client leaves, most of them
+    before their first token."""
+    from load import simulate_cli
+
+    path = tmp_path / "t.jsonl"
+    assert simulate_cli.main(["--scenario", "high-kv", "--policies", "llmd-default", "--load", "2", "--limit", "300",
+                              "--deadline", "0.5", "--seed", "0", "--record-trace", str(path),
+                              "--out", str(tmp_path / "run"), "--no-plots", "--quiet"]) == 0
+    run = json.loads((tmp_path / "run" / "results.json").read_text())["results"]["2"]["llmd-default"]
+    assert run["requests"] == run["abandoned"] == 300
+    tr = evaluate.read_trace(path)
+    ttft = tr.ttft[tr.ttft > 0]
+    assert 0 < len(ttft) < 30                       # the few first tokens that came in time, and only those
+    assert ttft.max() < 500.0                       # each within the deadline
+    assert not (tr.tpot > 0).any()                  # no request finished: no TPOT either

@@ -423,3 +423,35 @@ def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path
     path.write_text(json.dumps(bad))
     with pytest.raises(BundleError):
         Registry(tmp_path / "refused", keep=2).load(path)
+
+
+def test_e2e_data_whose_ttft_is_answered_by_the_base_alone_is_published(tmp_path):
+    """E2E traffic (TTFT only) whose newest rows the line answers best: the candidate has no
+    model file at all, only TTFT's base; the worker publishes it (it is a learned target), not
+    "no target had rows"."""
+    from features.schema import TrainingEntry
+
+    rng = np.random.default_rng(5)
+    n = 1500
+    wait = rng.poisson(1 + 20 * np.linspace(0, 1, n))
+    prompt = rng.integers(100, 4000, n)
+    ttft = 40 + 0.2 * prompt + 150 * wait + rng.exponential(30, n)
+    base = np.zeros(11)
+    entries = []
+    for i in range(n):
+        raw = base.copy()
+        raw[1], raw[2], raw[3] = prompt[i], wait[i], 4
+        entries.append(TrainingEntry(tuple(raw), float(ttft[i]), 0.0, 1e9 + i))
+    store = SampleStore(tmp_path / "s.sqlite3", max_rows=100_000, queue_size=100_000, test_ratio=0.1).open()
+    cfg = TrainConfig(params={"n_estimators": 20}, auto_links={"ttft": ("beyond", "add"), "tpot": ("add",)})
+    worker = RetrainWorker(store, Registry(tmp_path / "bundles", keep=3), TrainingMetrics(), config=cfg,
+                           interval=0.1, min_new=100, max_per_bucket=5000, tolerance=0.02)
+    try:
+        store.submit(entries_to_rows(entries)).result(10)
+        report = worker.run_once()
+        assert report.outcome == "published", report.reason
+        served = worker.registry.served
+        assert served.source == "learned" and served.manifest.base_only("ttft") and not served.has_model("tpot")
+    finally:
+        worker.stop()
+        store.close()

@@ -161,7 +161,7 @@ def test_the_base_alone_is_served_where_it_beats_the_trees_on_the_newest_rows(tm
     from features.matrix import model_matrix
 
     raw, ttft, tpot = _linear_ramp()
-    default = train_models(raw, ttft, tpot, config=TrainConfig())  # off by default: trees answer (they can)
+    default = train_models(raw, ttft, tpot, config=TrainConfig(base_alone={}))  # off: trees answer (they can)
     assert set(default.models) == {"ttft", "tpot"} and default.targets == ("ttft", "tpot")
     # among the additive links (trees x base, link "ratio", ties the line on a line)
     additive = ("beyond", "add")

@@ -11,13 +11,14 @@ the same :class:`features.loaded.LoadedBundle`). On the same sampled training ro
 both baselines of §1 (:mod:`training_server.baselines`: the upstream recipe and a linear
 quantile regression) are trained and scored. Reported per target, over folds (only rows whose
 target is > 0 count): pinball loss mean and std, coverage (share of actuals <= prediction, %),
-coverage per load regime (pooled over folds), MAPE, and each baseline's pinball and coverage.
+coverage per load regime and its rows (pooled over folds), MAPE, and each baseline's pinball and coverage.
 
 ``--json`` prints exactly::
 
     {"protocol": "forward" | "random",
      "traces": {NAME: {"ttft": {"n", "pinball", "pinball_std", "coverage",
-     "coverage_by_regime": {REGIME: %}, "mape", "reference": {"pinball", "coverage"},
+     "coverage_by_regime": {REGIME: %}, "n_by_regime": {REGIME: rows}, "mape",
+     "reference": {"pinball", "coverage"},
      "baselines": {"upstream": {"pinball", "coverage"}, "linear": {"pinball", "coverage"}}},
      "tpot": {...}}}}
 
@@ -206,6 +207,7 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
             "coverage": float(np.mean(a["coverage"])),
             "coverage_by_regime": {name: float(hit[reg == i].mean() * 100.0)
                                    for i, name in enumerate(REGIME_NAMES) if (reg == i).any()},
+            "n_by_regime": {name: int((reg == i).sum()) for i, name in enumerate(REGIME_NAMES) if (reg == i).any()},
             "mape": float(np.nanmean(a["mape"])),
         }
         baselines = {b: {"pinball": float(np.mean(v["pinball"])), "coverage": float(np.mean(v["coverage"]))}
@@ -217,7 +219,6 @@ def evaluate_trace(trace: Trace, *, seeds: int = 10, quantile: float = 0.9,
         if keep_predictions:
             res_t["_pred"] = np.concatenate(a["pred"])
             res_t["_actual"] = np.concatenate(a["actual"])
-            res_t["_regime_n"] = {name: int((reg == i).sum()) for i, name in enumerate(REGIME_NAMES)}
         out[t] = res_t
     return out
 

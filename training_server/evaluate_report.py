@@ -85,7 +85,9 @@ def format_table(results: dict[str, dict], quantile: float, protocol: str = "for
                 x = b.get(k) or {}
                 cells.append(f"{x.get('pinball', float('nan')):>9.4g} {x.get('coverage', float('nan')):>5.1f}%")
             ratio, ok = target_met(r, quantile)
-            regs = " ".join(f"{k}={v:.1f}" for k, v in r["coverage_by_regime"].items())
+            n_reg = r.get("n_by_regime", {})
+            regs = " ".join(f"{k}={v:.1f}" + (f" ({n_reg[k]})" if k in n_reg else "")
+                            for k, v in r["coverage_by_regime"].items())
             lines.append(f"{name:<20} {t:<6} {r['n']:>6} {r['pinball']:>9.4g} ± {r['pinball_std']:<5.3g}"
                          f"{r['coverage']:>5.1f}% {cells[0]} {cells[1]} {ratio:>6.3f} {'met' if ok else 'MISS':>4}"
                          f" {r['mape']:>6.1f}%  {regs}")

@@ -21,7 +21,7 @@ the whole linear base (best when latency is mostly a linear function of queued w
 overload), ``"ratio"`` lets them learn the latency's ratio to the base (weighted by the base, so
 the loss is still the pinball loss in ms): past the range seen the prediction grows in
 proportion to the work (sim-high-kv, forward: TTFT pinball 5.1 -> 4.8 s). Where
-``TrainConfig.base_alone`` says so for the target (off by default), the linear base alone,
+``TrainConfig.base_alone`` says so for the target (TTFT by default), the linear base alone,
 fitted on the same older rows, is a candidate too (a bundle target with a base and no model
 file): on a ramp the newest rows are often better answered by the line of queued work than by
 trees that have not seen that much of it. Elsewhere the base alone only stands in when no tree

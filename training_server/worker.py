@@ -314,7 +314,7 @@ class RetrainWorker:
         self._trainings += 1
         if choose:
             self._links = {t: b["link"] for t, b in result.base.items() if t in result.models}
-        if not result.models:
+        if not result.targets:  # a target answered by its base alone has no model file
             return CycleReport("rejected", f"no target had {self.config.min_rows} rows {counts}")
         try:  # a candidate no manifest accepts (e.g. trees answering an idle server with <= 0 ms)
             self.correction.hand_over(result, ts, self.registry.served)
