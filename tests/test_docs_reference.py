@@ -77,3 +77,16 @@ def test_no_page_comment_or_docstring_narrates_history():
     hits = [f"{path.relative_to(REPO)}:{n}: [{name}] {line[:120]}"
             for path in _texts() for n, name, line in narration(path.read_text(encoding="utf-8"))]
     assert not hits, "narration (state the current figure and its command instead):\n" + "\n".join(hits)
+
+
+def test_every_result_file_names_its_commit_and_command_and_a_page_quotes_it():
+    results = REPO / "docs" / "results"
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))
+    runs = sorted(p for p in results.glob("*.md") if p.name != "README.md")
+    assert runs, "docs/results/ holds no run"
+    for run in runs:
+        text = run.read_text(encoding="utf-8")
+        assert re.match(r"20\d\d-\d\d-\d\d-", run.name), f"{run.name}: the name starts with its date"
+        assert re.search(r"\bcommits? [0-9a-f]{7,40}\b", text), f"{run.name} names no commit"
+        assert re.search(r"^\s*(latency-predictor|python3? -m) ", text, re.M), f"{run.name} gives no command"
+        assert f"results/{run.name}" in pages, f"no page in docs/ quotes {run.name}"
