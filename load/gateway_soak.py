@@ -34,21 +34,12 @@ from pathlib import Path
 import httpx
 import orjson
 
+from load.gateway_configs import PLAIN_CONFIG, concurrency_gate_config
 from load.ports import free_ports
 from load.real_engine.procs import Proc
 
 REPO = Path(__file__).resolve().parents[1]
-FLOW_CONFIG = """plugins:
-- type: concurrency-detector
-  parameters: {maxConcurrency: 8}
-- type: queue-scorer
-- type: max-score-picker
-flowControl:
-  defaultRequestTTL: 10s
-  defaultPriorityBand: {fairnessPolicyRef: global-strict-fairness-policy}
-  priorityBands: [{priority: 10, fairnessPolicyRef: global-strict-fairness-policy}]
-"""
-PLAIN_CONFIG = "plugins:\n- type: queue-scorer\n- type: max-score-picker\n"
+FLOW_CONFIG = concurrency_gate_config(8, "10s", priority_bands=(10,))
 KINDS = {"stream": 30, "plain": 15, "chat-stream": 15, "leave-before-first-byte": 5, "leave-mid-stream": 8,
          "odd-headers": 10, "oversized-header": 3, "bad-body": 4, "stream-null": 4, "long-id": 2, "steering": 4}
 

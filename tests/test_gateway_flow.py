@@ -13,6 +13,7 @@ from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.flowgate import FlowGate
 from gateway.settings import GatewaySettings
+from load.gateway_configs import concurrency_gate_config
 from epp_client.scheduler import Scheduler
 from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 
@@ -113,16 +114,7 @@ def test_expired_request_gets_429_with_its_reason_and_a_full_band_rejects(tmp_pa
         srv.stop()
 
 
-CONCURRENCY = """
-plugins:
-- type: concurrency-detector
-  parameters: {maxConcurrency: 1}
-- type: queue-scorer
-- type: max-score-picker
-flowControl:
-  defaultRequestTTL: 30s
-  defaultPriorityBand: {fairnessPolicyRef: global-strict-fairness-policy}
-"""
+CONCURRENCY = concurrency_gate_config(1, "30s")
 
 
 def test_concurrency_detector_never_lets_more_than_the_limit_reach_the_engines(tmp_path, engines):

@@ -16,20 +16,11 @@ from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.flowgate import FlowGate
 from gateway.settings import GatewaySettings
+from load.gateway_configs import concurrency_gate_config
 from fake_engine import ADMIN, ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from test_gateway_proxy import FixedOrder, wait_until
 
-FLOW = """
-plugins:
-- type: concurrency-detector
-  parameters: {maxConcurrency: 4}
-- type: queue-scorer
-- type: max-score-picker
-flowControl:
-  defaultRequestTTL: 30s
-  defaultPriorityBand: {fairnessPolicyRef: global-strict-fairness-policy}
-  priorityBands: [{priority: 10, fairnessPolicyRef: global-strict-fairness-policy}]
-"""
+FLOW = concurrency_gate_config(4, "30s", priority_bands=(10,))
 BODY = {"prompt": "hello", "max_tokens": 3, "stream": True}
 
 

@@ -30,8 +30,8 @@ candidate answers the probe rows every served bundle must answer
 under load can answer a short prompt on an idle server with <= 0 (sim-high-kv).
 
 The calibrated model is shipped exactly as it was measured: fitted on the older rows, with the
-factor measured for it on the newest ones. Refitting it on all rows under that factor (what this
-module did before) mixes two models: on a drifting trace the factor measured for trees that had
+factor measured for it on the newest ones. Refitting it on all rows under that factor would mix
+two models: on a drifting trace the factor measured for trees that had
 not seen the newest 20% over-corrected trees that had (forward sim-ramp TTFT pinball 557 ms with
 the refit, 434 ms without; sim-high-kv TPOT 3.53 -> 3.18 ms). Only with too few rows for the
 forward calibration (a random share, an offset in ms) are the chosen trees refitted on all rows

@@ -18,8 +18,8 @@ token plus ``probeSteps`` decode steps, and without it to the same moment. The c
   too large for any endpoint's SLO, which the count otherwise isolates on one endpoint under
   overload);
 - plus ``adapterLoadCount`` (2) when ``e`` serves LoRA adapters and the request's is not active
-  there (the twin knows nothing of adapter slots: without it the filter thrashed adapters,
-  ``multi-lora`` at 80% fell from 64% to 45%), plus 1 when ``e``'s scraped KV cache use is over
+  there (the twin knows nothing of adapter slots: without it the filter thrashes adapters,
+  ``multi-lora`` at 80% 45% against 64%), plus 1 when ``e``'s scraped KV cache use is over
   ``kvUsageThreshold`` (0.95): a prompt's blocks there risk preempting a running request, a
   cliff the twin does not model (``heterogeneous`` at 100%, seed 2: 37% with 1,293 preemptions
   without it, 60% with 315).

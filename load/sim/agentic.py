@@ -195,7 +195,7 @@ SEED_PROGRAM_COLUMNS = (("completion mean", "program_completion_mean_s", "s"),
 
 
 def acceptance(per_policy: dict, first_seed: int = 0, base: str = "fcfs") -> list[str]:
-    """Issue 16's checks per seed for one load: ``{policy: [metrics per seed]}`` with
+    """The agentic targets' checks per seed for one load: ``{policy: [metrics per seed]}`` with
     ``<router>+fcfs``, ``+turn-priority`` and ``+las`` of the same router. Turn-priority's
     reduction of mean program completion time against FCFS (``1 - TP/FCFS``), its longest
     queue wait against FCFS's p99 wait, and LAS's Jain's index minus FCFS's."""

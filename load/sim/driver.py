@@ -42,8 +42,8 @@ PREFIX_BLOCK = 64
 #: Mooncake synthetic trace has prompts past the gateway's 2048 x 64 tokens).
 UNCAPPED = 2**31 - 1
 #: Without a configured producer, the index keeps llm-d's fixed ``lruCapacityPerServer`` (31,250
-#: entries, what llm-d's autoTune also gives on the 500,000-token servers of ``standard``), as in
-#: every earlier session: the llm-d policies' figures and the recorded traces stay comparable.
+#: entries, what llm-d's autoTune also gives on the 500,000-token servers of ``standard``), so
+#: the llm-d policies' figures and the recorded traces do not depend on the index's sizing.
 DEFAULT_INDEX_AUTO_TUNE = False
 
 
