@@ -123,3 +123,26 @@ def test_heuristics_behind_flow_control_shed_and_each_shed_request_is_a_miss(tmp
     best = verdict.best_heuristic(per)
     assert report.index("## Verdict") < report.index("## Load 2.0")
     assert f"against `{best}`" in report
+
+
+def test_capacity_starts_from_a_sweep_with_the_same_settings_and_refuses_another(tmp_path, capsys):
+    common = ["--scenario", "standard-small", "--limit", "120", "--policies", "llmd-token-load", "--workers", "1",
+              "--quiet"]
+    sweep = tmp_path / "sweep"
+    assert simulate_cli.main([*common, "--load", "0.5,1.4", "--no-plots", "--out", str(sweep)]) == 0
+    ran = json.loads((sweep / "results.json").read_text())["results"]
+    out = tmp_path / "cap"
+    assert simulate_cli.main([*common, "--capacity", "--from-sweep", str(sweep), "--out", str(out)]) == 0
+    cap = json.loads((out / "results.json").read_text())["capacity"]["llmd-token-load"]
+    reused = {p["load"]: p["slo_attainment"] for p in cap["probes"] if p.get("reused")}
+    assert reused == {0.5: ran["0.5"]["llmd-token-load"]["slo_attainment"],
+                      1.4: ran["1.4"]["llmd-token-load"]["slo_attainment"]}
+    assert cap["reused"] == 2 and 1.0 not in {p["load"] for p in cap["probes"]}   # the sweep's bracket, not 1.0
+    lo, hi = cap["bracket"]
+    assert hi - lo <= TOLERANCE * lo
+    capsys.readouterr()
+    assert simulate_cli.main([*common, "--seed", "1", "--capacity", "--from-sweep", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "--from-sweep: the sweep ran with other settings: " in err and "seed 0, here 1" in err
+    assert simulate_cli.main([*common, "--from-sweep", str(sweep)]) == 2
+    assert "--from-sweep goes with --capacity" in capsys.readouterr().err

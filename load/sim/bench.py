@@ -59,6 +59,15 @@ def realism_for(scenario: Scenario, opts: RunOptions) -> Realism | None:
     return Realism(seed=opts.seed, deadline_s=DEFAULT_DEADLINE_S if deadline is None else deadline)
 
 
+def run_key(scenario: Scenario, opts: RunOptions, engine: str, requests: int, capacity_rps: float) -> dict:
+    """What decides a run's figures besides its load and policy (results.json ``meta.run_key``):
+    two runs with equal keys at the same (load, policy) are the same run, so ``simulate
+    --capacity --from-sweep`` takes a sweep's runs as probes."""
+    skip = ("record_trace", "stop_below", "training_url")
+    return {"scenario": scenario.name, "engine": engine, "requests": requests, "capacity_rps": capacity_rps,
+            **{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name not in skip}}
+
+
 def cluster_for(scenario: Scenario, servers: Sequence, opts: RunOptions, lora=None) -> ClusterConfig:
     """The simulated cluster of a run: realism's per-server scrapes, or the scenario's idealised ones."""
     realism = realism_for(scenario, opts)

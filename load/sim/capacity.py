@@ -20,6 +20,10 @@ the attainment it could at most have reached and the share of arrivals routed wh
 decided (``decided_at``); a step down from it is sized by the misses among the arrivals routed
 by then. Probes that hold always run to the end, so every figure reported at the capacity is a
 full run's.
+
+``--from-sweep DIR`` starts the searches from a sweep's runs (``simulate --out DIR`` with the
+same scenario, seed and options, checked against its ``meta.run_key``): each of its (load,
+policy) runs is that policy's probe at that load, so a search usually starts with a bracket.
 """
 from __future__ import annotations
 
@@ -86,6 +90,8 @@ class Search:
         if hi is None:
             x = max([lo, *inflight]) * STEP_UP
             return None if x > MAX_LOAD else round(x, 4)
+        if lo >= hi:        # a load failed below one that held: not monotone, nothing left to narrow
+            return None
         # the widest gap between the bracket's ends and the loads running inside it, halved
         cuts = sorted({lo, hi, *(x for x in inflight if lo < x < hi)})
         width, neg_left = max((b - a, -a) for a, b in zip(cuts, cuts[1:]))   # ties: the lower gap
@@ -95,12 +101,12 @@ class Search:
         x = round(left + width / 2.0, 4)
         return None if x in inflight else x
 
-    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0) -> None:
+    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0, reused: bool = False) -> None:
         att = float(metrics.get("slo_attainment") or 0.0)
         early = {k: metrics[k] for k in ("decided_at", "known_misses", "requests") if k in metrics} \
             if "decided_at" in metrics else {}
         self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, **early, "wall_s": wall_s,
-                            "cpu_s": cpu_s})
+                            "cpu_s": cpu_s, **({"reused": True} if reused else {})})
         if att >= self.target:
             self.lo = load if self.lo is None else max(self.lo, load)
         else:
@@ -111,15 +117,59 @@ class Search:
         at = next((p for p in self.probes if p["load"] == self.lo), {})
         return {"capacity": cap, "capacity_rps": cap * capacity_rps, "bracket": [self.lo, self.hi],
                 "at_capacity": at, "probes": sorted(self.probes, key=lambda p: p["load"]),
-                "wall_s": sum(p["wall_s"] for p in self.probes), "cpu_s": sum(p["cpu_s"] for p in self.probes)}
+                "wall_s": sum(p["wall_s"] for p in self.probes if not p.get("reused")),
+                "cpu_s": sum(p["cpu_s"] for p in self.probes if not p.get("reused")),
+                "reused": sum(1 for p in self.probes if p.get("reused"))}
+
+
+#: a sweep's runs of one policy: (load, metrics, wall s, CPU s)
+Known = dict[str, list[tuple[float, dict, float, float]]]
+
+
+def from_sweep(path: Path, key: dict) -> Known:
+    """The runs of a sweep's results.json (``path``, or the directory holding it) whose
+    ``meta.run_key`` equals ``key`` (``bench.run_key``); ValueError naming what differs."""
+    from .report import _clean
+
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--from-sweep: cannot read {path}: {e}") from None
+    meta = d.get("meta") or {}
+    got = meta.get("run_key")
+    if not isinstance(got, dict) or "results" not in d:
+        raise ValueError(f"--from-sweep: {path} is not a sweep's results.json with a run_key (a one-seed sweep "
+                         "of this version of simulate)")
+    want = json.loads(json.dumps(_clean(key)))
+    diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    if diff:
+        raise ValueError("--from-sweep: the sweep ran with other settings: "
+                         + "; ".join(f"{k} {got.get(k)!r}, here {want.get(k)!r}" for k in diff))
+    wall, cpu = meta.get("wall_s") or {}, meta.get("cpu_s") or {}
+    out: Known = {}
+    for label, per in d["results"].items():
+        for pol, m in per.items():
+            out.setdefault(pol, []).append((float(meta["load_share"][label]), m, wall.get(f"{label}|{pol}", 0.0),
+                                            cpu.get(f"{label}|{pol}", 0.0)))
+    return out
+
+
+def _searches(policies: Sequence[str], start: float, known: Known | None) -> dict[str, Search]:
+    """A search per policy, with the runs ``known`` for it recorded as its probes."""
+    out = {}
+    for pol in policies:
+        s = out[pol] = Search(pol, start=start)
+        for load, m, w, c in (known or {}).get(pol, ()):
+            s.record(load, m, w, c, reused=True)
+    return out
 
 
 def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, float, float]], capacity_rps: float,
-           start: float = 1.0) -> dict[str, dict]:
+           start: float = 1.0, known: Known | None = None) -> dict[str, dict]:
     """Sequential searches: ``run(load, policy)`` -> (metrics, wall s, CPU s)."""
     out = {}
-    for pol in policies:
-        s = Search(pol, start=start)
+    for pol, s in _searches(policies, start, known).items():
         while (x := s.next_load()) is not None:
             m, w, c = run(x, pol)
             s.record(x, m, w, c)
@@ -128,9 +178,10 @@ def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, floa
 
 
 def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, workers: int,
-        start: float = 1.0, log: Callable[[str], None] | None = None, early_stop: bool = True) -> dict[str, dict]:
+        start: float = 1.0, log: Callable[[str], None] | None = None, early_stop: bool = True,
+        known: Known | None = None) -> dict[str, dict]:
     """Every policy's capacity at SLO on the scenario (probes of all policies in ``workers`` processes);
-    ``early_stop``: a probe ends once it certainly fails (module doc)."""
+    ``early_stop``: a probe ends once it certainly fails; ``known``: runs to start from (module doc)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     from . import bench, parallel
@@ -144,8 +195,8 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
             m, _, _ = bench.run_one(scenario, arrivals, capacity_rps, load, pol, opts)
             say(f"{pol} at load {load:g}: {outcome(m)}")
             return m, time.monotonic() - t0, time.process_time() - c0
-        return search(policies, one, capacity_rps, start)
-    searches = {p: Search(p, start=start) for p in policies}
+        return search(policies, one, capacity_rps, start, known)
+    searches = _searches(policies, start, known)
     workers = min(workers, 4 * len(policies))
     with parallel.pool(scenario, arrivals, capacity_rps, opts, workers) as ex:
         pending: dict = {}
