@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", action="store_true",
                    help="per policy, the highest load at which SLO attainment stays >= 90%%, by bisection to 2%% "
                         "(--load is not used); report.md opens with the verdict")
+    p.add_argument("--from-sweep", default=None, metavar="DIR",
+                   help="with --capacity: start from a sweep's runs (its --out; same scenario, seed and options)")
     p.add_argument("--load", default=",".join(str(x) for x in LOADS),
                    help="comma-separated loads as fractions of the cluster's capacity; with --trace, 'native' replays "
                         "the trace at its own timestamps")
@@ -213,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--deadline: must be >= 0 seconds (0: none), got {args.deadline:g}")
         if args.seeds < 1:
             raise ValueError(f"--seeds: must be >= 1, got {args.seeds}")
+        if args.from_sweep is not None and not args.capacity:
+            raise ValueError("--from-sweep goes with --capacity")
         if (args.predictor is None) != (args.training_url is None):
             raise ValueError("--predictor and --training-url go together")
         if args.true_latencies:
@@ -309,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"requests": len(arrivals), "capacity_rps": capacity, "cluster": scenario.cluster_desc(),
             "realism": realism.describe() if realism is not None else "",
             "engine": engines.describe(args.engine, _pairs(args.engine_param, "--engine-param")),
-            "slo": slo, "policy_notes": notes, "load_share": dict(loads),
+            "run_key": _run_key(args, scenario, opts, len(arrivals), capacity), "slo": slo, "policy_notes": notes,
+            "load_share": dict(loads),
             **({"opt_in_share": args.opt_in_share} if args.opt_in_share is not None else {}),
             **({"true_latencies": True} if args.true_latencies else {}),
             **({"true_harm": args.true_harm, "true_harm_probe": opts.true_harm_probe} if args.true_harm else {}),
@@ -343,10 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _run_key(args, scenario, opts, requests: int, capacity: float) -> dict:
+    return bench.run_key(scenario, opts, engines.describe(args.engine, _pairs(args.engine_param, "--engine-param")),
+                         requests, capacity)
+
+
 def _main_capacity(args, scenario, policies, opts) -> int:
     t0 = time.monotonic()
     arrivals, cap_rps = bench.prepare(scenario, opts)
-    caps = capsearch.run(scenario, arrivals, cap_rps, policies, opts, args.workers,
+    try:
+        key = _run_key(args, scenario, opts, len(arrivals), cap_rps)
+        known = None if args.from_sweep is None else capsearch.from_sweep(Path(args.from_sweep), key)
+    except ValueError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    caps = capsearch.run(scenario, arrivals, cap_rps, policies, opts, args.workers, known=known,
                         log=None if args.quiet else lambda msg: print(msg, file=sys.stderr))
     meta = {"requests": len(arrivals), "capacity_rps": cap_rps, "cluster": scenario.cluster_desc(),
             "engine": engines.describe(args.engine, _pairs(args.engine_param, "--engine-param")),

@@ -2,13 +2,15 @@
 footing: the heuristics behind llm-d's flow control, shed requests counted as misses."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from load import simulate_cli
-from load.sim import verdict
-from load.sim.capacity import TOLERANCE, Search, search
+from load.sim import bench, verdict
+from load.sim.capacity import TARGET, TOLERANCE, Search, misses_allowed, search
+from load.sim.scenarios import get_scenario
 
 
 def _step(edge: float):
@@ -38,6 +40,28 @@ def test_idle_workers_split_the_widest_gap_and_never_run_a_load_twice():
     assert s.next_load([1.5]) == 1.25 and s.next_load([1.5, 1.25]) == 1.75
     s.record(1.015, {"slo_attainment": 0.5})     # the edge is below 1.015: within 2% of 1.0, done
     assert s.next_load() is None and s.result(4.0)["capacity"] == 1.0
+
+
+@pytest.mark.parametrize("n", (1, 9, 10, 11, 99, 100, 12_031))
+def test_misses_allowed_is_the_last_count_that_still_holds(n):
+    k = misses_allowed(n)
+    assert (n - k) / n >= TARGET > (n - k - 1) / n
+
+
+def test_a_probe_stops_once_it_certainly_fails_and_a_held_one_runs_to_the_end():
+    sc = get_scenario("standard-small")
+    opts = bench.RunOptions(seed=0, limit=300)
+    arrivals, cap = bench.prepare(sc, opts)
+    stop = dataclasses.replace(opts, stop_below=TARGET)
+    full, _, _ = bench.run_one(sc, arrivals, cap, 1.0, "round-robin", opts)
+    early, _, _ = bench.run_one(sc, arrivals, cap, 1.0, "round-robin", stop)
+    assert full["slo_attainment"] <= early["slo_attainment"] < TARGET    # the bound it stayed under
+    assert early["known_misses"] == misses_allowed(300) + 1 and 0 < early["decided_at"] < 1
+    assert early["steps"] < full["steps"]                                  # it did less of the work
+    held, _, _ = bench.run_one(sc, arrivals, cap, 0.6, "llmd-token-load", opts)
+    held_stop, _, _ = bench.run_one(sc, arrivals, cap, 0.6, "llmd-token-load", stop)
+    assert held["slo_attainment"] >= TARGET and "decided_at" not in held_stop
+    assert held_stop == held                                               # a probe that holds is the full run
 
 
 def _metrics(att: float, p99_s: float, abandoned: int | None = None, shed: int = 0) -> dict:
@@ -99,3 +123,26 @@ def test_heuristics_behind_flow_control_shed_and_each_shed_request_is_a_miss(tmp
     best = verdict.best_heuristic(per)
     assert report.index("## Verdict") < report.index("## Load 2.0")
     assert f"against `{best}`" in report
+
+
+def test_capacity_starts_from_a_sweep_with_the_same_settings_and_refuses_another(tmp_path, capsys):
+    common = ["--scenario", "standard-small", "--limit", "120", "--policies", "llmd-token-load", "--workers", "1",
+              "--quiet"]
+    sweep = tmp_path / "sweep"
+    assert simulate_cli.main([*common, "--load", "0.5,1.4", "--no-plots", "--out", str(sweep)]) == 0
+    ran = json.loads((sweep / "results.json").read_text())["results"]
+    out = tmp_path / "cap"
+    assert simulate_cli.main([*common, "--capacity", "--from-sweep", str(sweep), "--out", str(out)]) == 0
+    cap = json.loads((out / "results.json").read_text())["capacity"]["llmd-token-load"]
+    reused = {p["load"]: p["slo_attainment"] for p in cap["probes"] if p.get("reused")}
+    assert reused == {0.5: ran["0.5"]["llmd-token-load"]["slo_attainment"],
+                      1.4: ran["1.4"]["llmd-token-load"]["slo_attainment"]}
+    assert cap["reused"] == 2 and 1.0 not in {p["load"] for p in cap["probes"]}   # the sweep's bracket, not 1.0
+    lo, hi = cap["bracket"]
+    assert hi - lo <= TOLERANCE * lo
+    capsys.readouterr()
+    assert simulate_cli.main([*common, "--seed", "1", "--capacity", "--from-sweep", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "--from-sweep: the sweep ran with other settings: " in err and "seed 0, here 1" in err
+    assert simulate_cli.main([*common, "--from-sweep", str(sweep)]) == 2
+    assert "--from-sweep goes with --capacity" in capsys.readouterr().err

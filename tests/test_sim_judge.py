@@ -184,21 +184,25 @@ def test_ideal_turns_every_realism_knob_off():
     assert bench.realism_for(dataclasses.replace(sc, deadline_s=45.0), bench.RunOptions()).deadline_s == 45.0
 
 
-#: ``simulate --scenario standard-small --limit 300 --seed 3 --load 1.0`` figures of the code
-#: before realism existed (commit 79898dd): --ideal must reproduce them exactly.
+#: ``simulate --scenario standard-small --limit N --seed 3 --load 1.0`` figures of the code
+#: before realism existed (commit 6d1b465; 79898dd after it changed only tests): --ideal must
+#: reproduce them exactly. policy: (N, (attainment, TTFT p99 ms, engine steps))
 IDEAL_FIGURES = {
-    "least-queue": (0.47333333333333333, 36654.908244086284, 15373),
-    "llmd-token-load": (0.46, 21369.246677679, 14685),
+    "least-queue": (300, (0.47333333333333333, 36654.908244086284, 15373)),
+    "llmd-token-load": (300, (0.46, 21369.246677679, 14685)),
+    "predicted": (60, (1.0, 16620.008453697068, 6259)),
+    "oracle": (150, (0.6933333333333334, 19606.513901028084, 7909)),
 }
 
 
 @pytest.mark.parametrize("policy", sorted(IDEAL_FIGURES))
 def test_ideal_reproduces_the_idealised_figures_exactly(policy):
     sc = get_scenario("standard-small")
-    opts = bench.RunOptions(seed=3, limit=300, ideal=True)
+    limit, figures = IDEAL_FIGURES[policy]
+    opts = bench.RunOptions(seed=3, limit=limit, ideal=True)
     arrivals, cap = bench.prepare(sc, opts)
     m = bench.run_one(sc, arrivals, cap, 1.0, policy, opts)[0]
-    assert (m["slo_attainment"], m["ttft_p99_ms"], m["steps"]) == IDEAL_FIGURES[policy]
+    assert (m["slo_attainment"], m["ttft_p99_ms"], m["steps"]) == figures
     assert m["abandoned"] == 0
     real = bench.run_one(sc, arrivals, cap, 1.0, policy, dataclasses.replace(opts, ideal=False))[0]
     assert real["steps"] != m["steps"]      # the defaults are not the idealised world

@@ -45,6 +45,8 @@ class RunOptions:
     flow_params: dict = field(default_factory=dict)     # program-aware-fairness parameters of their las/turn-priority
     ideal: bool = False                    # the idealised world (``--ideal``): no realism.Realism
     deadline_s: float | None = None        # client deadline (s after arrival; 0: none); None: the scenario's
+    stop_below: float | None = None        # end a run once its SLO attainment is certainly below this (capacity
+                                           # probes; not for program scenarios); None: run to the end
     extra: dict = field(default_factory=dict)
 
 
@@ -55,6 +57,15 @@ def realism_for(scenario: Scenario, opts: RunOptions) -> Realism | None:
         return None
     deadline = opts.deadline_s if opts.deadline_s is not None else scenario.deadline_s
     return Realism(seed=opts.seed, deadline_s=DEFAULT_DEADLINE_S if deadline is None else deadline)
+
+
+def run_key(scenario: Scenario, opts: RunOptions, engine: str, requests: int, capacity_rps: float) -> dict:
+    """What decides a run's figures besides its load and policy (results.json ``meta.run_key``):
+    two runs with equal keys at the same (load, policy) are the same run, so ``simulate
+    --capacity --from-sweep`` takes a sweep's runs as probes."""
+    skip = ("record_trace", "stop_below", "training_url")
+    return {"scenario": scenario.name, "engine": engine, "requests": requests, "capacity_rps": capacity_rps,
+            **{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name not in skip}}
 
 
 def cluster_for(scenario: Scenario, servers: Sequence, opts: RunOptions, lora=None) -> ClusterConfig:
@@ -154,8 +165,12 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
         if scenario.lora is not None:
             scenario.lora.apply(reqs, scaled, opts.seed)
     cluster = cluster_for(scenario, scenario.servers, opts, scenario.lora.slots if scenario.lora is not None else None)
+    budget = None
+    if opts.stop_below is not None and driver is None:
+        from .capacity import misses_allowed
+        budget = misses_allowed(len(reqs), opts.stop_below)
     sim = Simulation(cluster, reqs, router, tick_interval_s=getattr(router, "tick_interval_s", 0.0),
-                     progress=progress)
+                     progress=progress, stop_after_misses=budget)
     res = sim.run()
     res.extra.update(router.stats())
     if scenario.lora is not None:
@@ -168,6 +183,8 @@ def run_one(scenario: Scenario, arrivals: Sequence, capacity: float, load: float
     if close is not None:
         close()
     m, raw = summarize(res, len(scenario.servers))
+    if "decided_at" in m:       # stopped on misses: the attainment it can at most reach, below opts.stop_below
+        m["slo_attainment"] = 1.0 - m["known_misses"] / len(reqs)
     if driver is not None:
         from .agentic import summarize_programs
 

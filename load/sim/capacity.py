@@ -12,9 +12,22 @@ processes (each probe is one ordinary run: same seed, same arrivals scaled to th
 worker with no probe of its own to run takes the next of another search: the next step up or
 down while a bracket is sought, or the middle of the widest gap left in the bracket between the
 loads already running, so a search with more workers narrows its bracket more per round.
+
+A probe ends as soon as its outcome is decided: once more requests are known to miss their SLO
+than 10% of the arrivals allow (``misses_allowed``), its attainment is certainly below 90% and
+the rest of the run cannot change that (``bench.RunOptions.stop_below``). Such a probe records
+the attainment it could at most have reached and the share of arrivals routed when it was
+decided (``decided_at``); a step down from it is sized by the misses among the arrivals routed
+by then. Probes that hold always run to the end, so every figure reported at the capacity is a
+full run's.
+
+``--from-sweep DIR`` starts the searches from a sweep's runs (``simulate --out DIR`` with the
+same scenario, seed and options, checked against its ``meta.run_key``): each of its (load,
+policy) runs is that policy's probe at that load, so a search usually starts with a bracket.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +41,27 @@ MIN_LOAD, MAX_LOAD = 0.05, 10.0
 #: the policies ``--capacity`` compares when none are given
 DEFAULT_POLICIES = ("predicted", "llmd-token-load", "llmd-default")
 PROBE_KEYS = ("slo_attainment", "goodput_rps", "ttft_p99_ms", "tpot_p99_ms", "abandoned", "shed", "preemptions")
+
+
+def misses_allowed(n: int, target: float = TARGET) -> int:
+    """The most misses among ``n`` arrivals that still leave attainment (met / n) >= ``target``
+    (-1 when even none does)."""
+    k = n - int(target * n)
+    while k >= 0 and (n - k) / n < target:
+        k -= 1
+    while k + 1 <= n and (n - k - 1) / n >= target:
+        k += 1
+    return k
+
+
+def attainment_estimate(probe: dict) -> float:
+    """A probe's attainment, or for one decided early the share met among the arrivals routed by
+    then (the misses so far over them): what a step down is sized by."""
+    at = probe.get("decided_at")
+    if at is None:
+        return float(probe["slo_attainment"] or 0.0)
+    routed = at * probe["requests"]
+    return max(0.0, 1.0 - probe["known_misses"] / routed) if routed > 0 else 0.0
 
 
 @dataclass
@@ -50,12 +84,14 @@ class Search:
             return None if inflight else self.start
         if lo is None:
             assert hi is not None   # down by the attainment's shortfall, between x0.5 and x0.8
-            att = float(next(p for p in self.probes if p["load"] == hi)["slo_attainment"] or 0.0)
+            att = attainment_estimate(next(p for p in self.probes if p["load"] == hi))
             x = min([hi, *inflight]) * min(STEP_DOWN, max(0.5, att / self.target))
             return None if x < MIN_LOAD else round(x, 4)
         if hi is None:
             x = max([lo, *inflight]) * STEP_UP
             return None if x > MAX_LOAD else round(x, 4)
+        if lo >= hi:        # a load failed below one that held: not monotone, nothing left to narrow
+            return None
         # the widest gap between the bracket's ends and the loads running inside it, halved
         cuts = sorted({lo, hi, *(x for x in inflight if lo < x < hi)})
         width, neg_left = max((b - a, -a) for a, b in zip(cuts, cuts[1:]))   # ties: the lower gap
@@ -65,10 +101,12 @@ class Search:
         x = round(left + width / 2.0, 4)
         return None if x in inflight else x
 
-    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0) -> None:
+    def record(self, load: float, metrics: dict, wall_s: float = 0.0, cpu_s: float = 0.0, reused: bool = False) -> None:
         att = float(metrics.get("slo_attainment") or 0.0)
-        self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, "wall_s": wall_s,
-                            "cpu_s": cpu_s})
+        early = {k: metrics[k] for k in ("decided_at", "known_misses", "requests") if k in metrics} \
+            if "decided_at" in metrics else {}
+        self.probes.append({"load": load, **{k: metrics.get(k, 0) for k in PROBE_KEYS}, **early, "wall_s": wall_s,
+                            "cpu_s": cpu_s, **({"reused": True} if reused else {})})
         if att >= self.target:
             self.lo = load if self.lo is None else max(self.lo, load)
         else:
@@ -79,15 +117,59 @@ class Search:
         at = next((p for p in self.probes if p["load"] == self.lo), {})
         return {"capacity": cap, "capacity_rps": cap * capacity_rps, "bracket": [self.lo, self.hi],
                 "at_capacity": at, "probes": sorted(self.probes, key=lambda p: p["load"]),
-                "wall_s": sum(p["wall_s"] for p in self.probes), "cpu_s": sum(p["cpu_s"] for p in self.probes)}
+                "wall_s": sum(p["wall_s"] for p in self.probes if not p.get("reused")),
+                "cpu_s": sum(p["cpu_s"] for p in self.probes if not p.get("reused")),
+                "reused": sum(1 for p in self.probes if p.get("reused"))}
+
+
+#: a sweep's runs of one policy: (load, metrics, wall s, CPU s)
+Known = dict[str, list[tuple[float, dict, float, float]]]
+
+
+def from_sweep(path: Path, key: dict) -> Known:
+    """The runs of a sweep's results.json (``path``, or the directory holding it) whose
+    ``meta.run_key`` equals ``key`` (``bench.run_key``); ValueError naming what differs."""
+    from .report import _clean
+
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--from-sweep: cannot read {path}: {e}") from None
+    meta = d.get("meta") or {}
+    got = meta.get("run_key")
+    if not isinstance(got, dict) or "results" not in d:
+        raise ValueError(f"--from-sweep: {path} is not a sweep's results.json with a run_key (a one-seed sweep "
+                         "of this version of simulate)")
+    want = json.loads(json.dumps(_clean(key)))
+    diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    if diff:
+        raise ValueError("--from-sweep: the sweep ran with other settings: "
+                         + "; ".join(f"{k} {got.get(k)!r}, here {want.get(k)!r}" for k in diff))
+    wall, cpu = meta.get("wall_s") or {}, meta.get("cpu_s") or {}
+    out: Known = {}
+    for label, per in d["results"].items():
+        for pol, m in per.items():
+            out.setdefault(pol, []).append((float(meta["load_share"][label]), m, wall.get(f"{label}|{pol}", 0.0),
+                                            cpu.get(f"{label}|{pol}", 0.0)))
+    return out
+
+
+def _searches(policies: Sequence[str], start: float, known: Known | None) -> dict[str, Search]:
+    """A search per policy, with the runs ``known`` for it recorded as its probes."""
+    out = {}
+    for pol in policies:
+        s = out[pol] = Search(pol, start=start)
+        for load, m, w, c in (known or {}).get(pol, ()):
+            s.record(load, m, w, c, reused=True)
+    return out
 
 
 def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, float, float]], capacity_rps: float,
-           start: float = 1.0) -> dict[str, dict]:
+           start: float = 1.0, known: Known | None = None) -> dict[str, dict]:
     """Sequential searches: ``run(load, policy)`` -> (metrics, wall s, CPU s)."""
     out = {}
-    for pol in policies:
-        s = Search(pol, start=start)
+    for pol, s in _searches(policies, start, known).items():
         while (x := s.next_load()) is not None:
             m, w, c = run(x, pol)
             s.record(x, m, w, c)
@@ -96,21 +178,25 @@ def search(policies: Sequence[str], run: Callable[[float, str], tuple[dict, floa
 
 
 def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, workers: int,
-        start: float = 1.0, log: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """Every policy's capacity at SLO on the scenario (probes of all policies in ``workers`` processes)."""
+        start: float = 1.0, log: Callable[[str], None] | None = None, early_stop: bool = True,
+        known: Known | None = None) -> dict[str, dict]:
+    """Every policy's capacity at SLO on the scenario (probes of all policies in ``workers`` processes);
+    ``early_stop``: a probe ends once it certainly fails; ``known``: runs to start from (module doc)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     from . import bench, parallel
 
     say = log or (lambda _msg: None)
+    if early_stop:
+        opts = dataclasses.replace(opts, stop_below=TARGET)
     if workers <= 1:
         def one(load: float, pol: str) -> tuple[dict, float, float]:
             t0, c0 = time.monotonic(), time.process_time()
             m, _, _ = bench.run_one(scenario, arrivals, capacity_rps, load, pol, opts)
-            say(f"{pol} at load {load:g}: attainment {100 * m['slo_attainment']:.1f}%")
+            say(f"{pol} at load {load:g}: {outcome(m)}")
             return m, time.monotonic() - t0, time.process_time() - c0
-        return search(policies, one, capacity_rps, start)
-    searches = {p: Search(p, start=start) for p in policies}
+        return search(policies, one, capacity_rps, start, known)
+    searches = _searches(policies, start, known)
     workers = min(workers, 4 * len(policies))
     with parallel.pool(scenario, arrivals, capacity_rps, opts, workers) as ex:
         pending: dict = {}
@@ -134,9 +220,17 @@ def run(scenario, arrivals, capacity_rps: float, policies: Sequence[str], opts, 
                 pol, x = pending.pop(fut)
                 m, _, _, w, c = fut.result()
                 searches[pol].record(x, m, w, c)
-                say(f"{pol} at load {x:g}: attainment {100 * m['slo_attainment']:.1f}% ({w:.0f} s, CPU {c:.0f} s)")
+                say(f"{pol} at load {x:g}: {outcome(m)} ({w:.0f} s, CPU {c:.0f} s)")
             fill()
     return {p: s.result(capacity_rps) for p, s in searches.items()}
+
+
+def outcome(probe: dict) -> str:
+    """A probe's attainment, or for one decided early the bound it stayed under."""
+    if probe.get("decided_at") is None:
+        return f"attainment {100 * probe['slo_attainment']:.1f}%"
+    return (f"attainment < {100 * probe['slo_attainment']:.1f}% (decided at {100 * probe['decided_at']:.0f}% of "
+            "arrivals)")
 
 
 def table(caps: dict[str, dict]) -> list[str]:
@@ -171,8 +265,7 @@ def write(out: Path, scenario, seed: int, caps: dict[str, dict], meta: dict) -> 
              f"of all probes: {sum(c['cpu_s'] for c in caps.values()):.0f} s.", "",
              *table(caps), "", "## Probes", ""]
     for pol, c in caps.items():
-        lines.append(f"- `{pol}`: " + ", ".join(f"{p['load']:g} -> {100 * p['slo_attainment']:.1f}%"
-                                                 for p in c["probes"]))
+        lines.append(f"- `{pol}`: " + ", ".join(f"{p['load']:g}: {outcome(p)}" for p in c["probes"]))
     p = out / "report.md"
     p.write_text("\n".join(lines) + "\n")
     return p

@@ -15,6 +15,12 @@ client disconnected, queued or running), the router hears ``on_finish`` (or ``on
 if it still holds the request), and the request counts as ``abandoned``. The last event is
 then the last arrival's deadline: nothing drains after it.
 
+``stop_after_misses`` (capacity probes, ``capacity.py``) ends a run early once more requests
+are known to miss their SLO (a late first token, a completion over an SLO, an abandoned or
+shed request) than that: the run's attainment is then certainly below the threshold it was
+derived from, and ``SimResult.extra`` says so (``decided_at``: the share of arrivals routed,
+``known_misses``).
+
 Two hooks serve routers that hold requests back (flow control) and closed-loop workloads:
 ``route`` may return ``DEFERRED`` (the router keeps the request and later calls
 ``sim.dispatch``; ``sim.wake(t)`` asks for an ``on_wake(t)`` call), and ``sim.inject(req)``
@@ -86,7 +92,8 @@ class SimResult:
 
 class Simulation:
     def __init__(self, cluster: ClusterConfig, requests: list[SimRequest], router,
-                 tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None) -> None:
+                 tick_interval_s: float = 0.0, progress: Callable[[float], None] | None = None,
+                 stop_after_misses: int | None = None) -> None:
         self.cluster = cluster
         # a Sequence: a subclass may hold a subclass of ModelServer (PDSimulation: PDModelServer)
         self.servers: Sequence[ModelServer] = [ModelServer(i, s, cluster.prefix_caching)
@@ -113,6 +120,30 @@ class Simulation:
         self._scrape_at: list = []         # heap of (next scrape, server) (realism: per-server phases)
         self._scrape_delays: list = []     # per server: its scrapes' delivery delays (realism)
         self._deliveries = 0               # tie-breaker of pending scrapes
+        self.stop_after_misses = stop_after_misses
+        self._missed: set[int] | None = set() if stop_after_misses is not None else None   # known misses (rid)
+        self._decided = False              # more known misses than stop_after_misses: the run stops
+
+    def _miss(self, req: SimRequest) -> None:
+        """Count ``req`` as a known miss (once) when the run stops on misses."""
+        missed = self._missed
+        if missed is not None and req.rid not in missed:
+            missed.add(req.rid)
+            if len(missed) > (self.stop_after_misses or 0):
+                self._decided = True
+
+    def _counting(self, first_cb, fin_cb):
+        """The router's first-token and finish callbacks, counting the misses they reveal."""
+        def first(req: SimRequest, t: float) -> None:
+            if 0 < req.ttft_slo_ms < (t - req.arrival) * 1000.0:
+                self._miss(req)
+            first_cb(req, t)
+
+        def fin(req: SimRequest, t: float) -> None:
+            if not req.meets_slo():
+                self._miss(req)
+            fin_cb(req, t)
+        return first, fin
 
     def call_at(self, t: float, fn: Callable[[float], None]) -> None:
         """Run ``fn(t)`` at simulated time ``t`` (after the step ends due then)."""
@@ -147,6 +178,7 @@ class Simulation:
             return
         if -(-(req.input_len + req.output_len) // srv.bs) > srv.kv.num_blocks:
             req.shed = True     # can never fit on this server
+            self._miss(req)
             return
         req.dispatch_t = t
         srv.add(req, t)
@@ -169,6 +201,7 @@ class Simulation:
                 break
             req = srv.waiting.popleft()
             req.shed = True
+            self._miss(req)
             self.router.on_finish(req, now)
         self._busy[idx] = False
 
@@ -221,6 +254,7 @@ class Simulation:
         if req.finish_t >= 0 or req.shed or req.abandoned:
             return
         req.abandoned = True
+        self._miss(req)
         if req.dispatch_t >= 0:
             idx = req.server
             self.servers[idx].abandon(req)
@@ -248,11 +282,13 @@ class Simulation:
         ai = 0
         first_cb = router.on_first_token
         fin_cb = router.on_finish
+        if self._missed is not None:
+            first_cb, fin_cb = self._counting(first_cb, fin_cb)
         last_progress = -1
         injected, wakes, timers, deadlines = self._injected, self._wakes, self._timers, self._deadlines
         pending = self._pending_scrapes
         realistic = self.realism is not None
-        while True:
+        while not self._decided:
             t_step = heap[0][0] if heap else inf
             t_arr = reqs[ai].arrival if ai < n else inf
             t_inj = injected[0][0] if injected else inf
@@ -319,6 +355,7 @@ class Simulation:
                 idx = router.route(req, t)
                 if idx is None:
                     req.shed = True
+                    self._miss(req)
                 elif idx != DEFERRED:
                     self.dispatch(req, idx, t)
                 if self.progress is not None and n:
@@ -326,9 +363,11 @@ class Simulation:
                     if pct != last_progress:
                         last_progress = pct
                         self.progress(ai / n)
+        extra = {"decided_at": ai / n if n else 1.0, "known_misses": len(self._missed or ())} if self._decided else {}
         return SimResult(
             requests=reqs + self.injected if self.injected else reqs, busy_time=[s.busy_time for s in servers],
             duration_s=self.now,
             steps=sum(s.steps for s in servers), preemptions=sum(s.preemptions for s in servers),
             prompt_tokens=sum(s.prompt_tokens for s in servers), hit_tokens=sum(s.hit_tokens for s in servers),
+            extra=extra,
         )
