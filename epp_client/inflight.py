@@ -17,7 +17,7 @@ has dispatched and not yet released:
 - ``on_complete(request_id)``: releases whatever remains. Every decrement floors at 0.
 
 ``load(name)`` returns the live :class:`InFlightLoad` of an endpoint (mutated in place);
-:class:`~epp_client.scheduler.Scheduler` copies it onto each candidate at scheduling time.
+:class:`~epp_client.framework.scheduler.Scheduler` copies it onto each candidate at scheduling time.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .params import Plugin, ge, gt, param
-from .plugins.protocols import InFlightLoadProducer
-from .plugins.registry import plugin
-from .types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad, uncached_prompt_tokens
+from epp_client.framework.params import Plugin, ge, gt, param
+from epp_client.framework.protocols import InFlightLoadProducer
+from epp_client.framework.registry import plugin
+from epp_client.types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad, uncached_prompt_tokens
 
 
 @dataclass

@@ -94,7 +94,7 @@ class LatencyPrediction:
     model_version: str = ""
     model_source: str = ""  # "learned", "prior", or "" when the predictor did not say
     #: the requests this router has running on the endpoint, in dispatch order, as the engine twin
-    #: sees them (:class:`epp_client.twin.Running`: decode time and tokens so far, TPOT SLO, context,
+    #: sees them (:class:`epp_client.engine.twin.Running`: decode time and tokens so far, TPOT SLO, context,
     #: prompt tokens still to prefill); streaming mode only. A tuple, or a function computing it on
     #: first use (:meth:`running_decodes`)
     decoding: Any = ()

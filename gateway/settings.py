@@ -26,8 +26,8 @@ __all__ = ["GatewaySettings", "SettingsError"]
 
 
 def _config_file(v: Any) -> str:
-    """A well-known config name (epp_client.wellknown) or an existing file."""
-    from epp_client.wellknown import WELL_KNOWN_CONFIGS
+    """A well-known config name (epp_client.profiles) or an existing file."""
+    from epp_client.profiles import WELL_KNOWN_CONFIGS
 
     path = text(v)
     if path not in WELL_KNOWN_CONFIGS and not os.path.isfile(path):

@@ -10,10 +10,11 @@ import prometheus_client
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.scheduler import Scheduler
 from epp_client.metrics import EppCollector
 from epp_client.plugins import DecodeFilter, PrefillFilter
 from epp_client.predictor import InProcessPredictor
-from epp_client.scheduler import Scheduler
 from epp_client.training import ListSink
 from features.loaded import LoadedBundle
 
@@ -50,7 +51,7 @@ def pool(decode_cached_blocks: int = 0, prefill_roles=("prefill",), decode_queue
 
 
 def sched(config: dict, **kw) -> Scheduler:
-    return Scheduler.from_config(config, rng=random.Random(3), **kw)
+    return build_scheduler(config, rng=random.Random(3), **kw)
 
 
 def req(tokens: int, **headers) -> InferenceRequest:

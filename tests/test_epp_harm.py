@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from epp_client import Endpoint, EndpointMetrics, HoldRequest, InferenceRequest, PrefixMatch
+from epp_client.engine.twin import Running
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import PredictedLatencyProducer
 from epp_client.plugins.harm import DecodeHarmFilter, DecodeHarmScorer
-from epp_client.scheduler import Scheduler, SchedulingProfile
-from epp_client.twin import Running
 from epp_client.types import LatencyPrediction
 from test_epp_producer import Clock, TablePredictor
 

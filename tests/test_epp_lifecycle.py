@@ -8,9 +8,9 @@ import random
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.framework.loader import build_scheduler
 from epp_client.heuristics import LeastLoadScheduler, LeastRequestsScheduler, RoundRobinScheduler
 from epp_client.plugins import ApproxPrefixProducer
-from epp_client.scheduler import Scheduler
 
 PREFIX_CONFIG = """
 plugins:
@@ -34,17 +34,17 @@ def req(i, tokens=100, **kw):
 
 
 def test_prefix_producer_is_built_from_the_config_with_its_parameters():
-    s = Scheduler.from_config(PREFIX_CONFIG)
+    s = build_scheduler(PREFIX_CONFIG)
     p = s.prefix_producer
     assert isinstance(p, ApproxPrefixProducer)
     assert (p.block_size_tokens, p.max_prefix_blocks, p.capacity) == (128, 10, 3)
     with pytest.raises(ConfigError) as e:
-        Scheduler.from_config(PREFIX_CONFIG.replace("blockSizeTokens: 128", "blockSizeTokens: 0"))
+        build_scheduler(PREFIX_CONFIG.replace("blockSizeTokens: 128", "blockSizeTokens: 0"))
     assert "blockSizeTokens" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        Scheduler.from_config(PREFIX_CONFIG.replace("lruCapacityPerServer", "lruCapacity"))
+        build_scheduler(PREFIX_CONFIG.replace("lruCapacityPerServer", "lruCapacity"))
     assert "lruCapacity" in str(e.value)
-    assert Scheduler.from_config("plugins: [{type: queue-scorer}]").prefix_producer is None
+    assert build_scheduler("plugins: [{type: queue-scorer}]").prefix_producer is None
 
 
 def test_prefix_producer_matches_leading_blocks_and_evicts_least_recent():
@@ -59,7 +59,7 @@ def test_prefix_producer_matches_leading_blocks_and_evicts_least_recent():
 
 
 def test_inflight_token_scorer_from_config_follows_the_schedulers_own_count():
-    s = Scheduler.from_config(PREFIX_CONFIG, rng=random.Random(0))
+    s = build_scheduler(PREFIX_CONFIG, rng=random.Random(0))
     cands = eps(2)
     first = s.schedule(req(1, tokens=500), cands)
     s.pre_request(req(1, tokens=500), first)
@@ -73,7 +73,7 @@ def test_inflight_token_scorer_from_config_follows_the_schedulers_own_count():
 
 
 def test_a_retry_elsewhere_is_accounted_on_that_endpoint():
-    s = Scheduler.from_config(PREFIX_CONFIG, rng=random.Random(0))
+    s = build_scheduler(PREFIX_CONFIG, rng=random.Random(0))
     cands = eps(2)
     r = req(1)
     res = s.schedule(r, cands)
@@ -102,7 +102,7 @@ def test_heuristics_count_in_flight_once_through_the_lifecycle():
 
 
 def test_least_load_prefers_prefix_then_idle_and_shares_the_tracker():
-    base = Scheduler.from_config(PREFIX_CONFIG)
+    base = build_scheduler(PREFIX_CONFIG)
     lc = LeastLoadScheduler(random.Random(0), inflight=base.inflight)
     cands = eps(3)
     cands[2].prefix_match = PrefixMatch(4, 4, 16)
@@ -118,7 +118,7 @@ def test_gateway_uses_the_configs_prefix_producer_and_the_policys_inflight(tmp_p
     from gateway.core import Gateway
     from gateway.settings import GatewaySettings
 
-    s = Scheduler.from_config(PREFIX_CONFIG)
+    s = build_scheduler(PREFIX_CONFIG)
     gw = Gateway(GatewaySettings(endpoints=["http://127.0.0.1:9", "http://127.0.0.1:10"]), s)
     assert gw.prefix is s.prefix_producer and gw.inflight is s.inflight
     assert gw.driver.fallback.inflight is s.inflight
@@ -138,11 +138,11 @@ def test_simulator_uses_the_configs_prefix_producer():
     arrivals = W.scale_to_rate(W.synthetic_poisson(40, seed=2, input_median=1500, output_median=20), 2.0)
     reqs = W.make_requests(arrivals, [W.SloClass()], 0, spec)
     config = PREFIX_CONFIG.replace("maxPrefixBlocksToMatch: 10", "maxPrefixBlocksToMatch: 1000")
-    router = LifecycleRouter("t", lambda rng, clock, wall: Scheduler.from_config(config, rng=rng), prefix=True)
+    router = LifecycleRouter("t", lambda rng, clock, wall: build_scheduler(config, rng=rng), prefix=True)
     Simulation(ClusterConfig([spec, spec]), reqs, router).run()
     assert router.prefix is router.lifecycle.prefix_producer and router.prefix.lookups == len(reqs)
     assert router.prefix.block_size_tokens == 128
-    bad = LifecycleRouter("t", lambda rng, clock, wall: Scheduler.from_config(
+    bad = LifecycleRouter("t", lambda rng, clock, wall: build_scheduler(
         config.replace("blockSizeTokens: 128", "blockSizeTokens: 100")), prefix=True)
     with pytest.raises(ValueError, match="blockSizeTokens"):
         Simulation(ClusterConfig([spec]), W.make_requests(arrivals[:2], [W.SloClass()], 0, spec), bad).run()

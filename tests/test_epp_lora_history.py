@@ -10,10 +10,12 @@ import random
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import LoraAffinityScorer, MaxScorePicker
 from epp_client.plugins.lora_history import RECENT_LIMIT as LIMIT
 from epp_client.plugins.lora_history import LoraRequestHistory
-from epp_client.scheduler import Scheduler, SchedulingProfile
 
 
 def ep(name, running=(), waiting=(), max_lora=4):
@@ -223,7 +225,7 @@ schedulingProfiles:
   - pluginRef: queue-scorer
   - pluginRef: max-score-picker
 """
-    sched = Scheduler.from_config(cfg, rng=random.Random(3))
+    sched = build_scheduler(cfg, rng=random.Random(3))
     scorer = sched.lifecycle_plugins[0]
     assert isinstance(scorer, LoraAffinityScorer) and scorer.request_history
     eps = [ep("a"), ep("b"), ep("c")]

@@ -9,15 +9,21 @@ import pytest
 import yaml
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.scheduler import Scheduler
 from epp_client.metrics import EppCollector
-from epp_client.plugins import (LoraAffinityScorer, KVCacheUtilizationScorer, LatencyScorer, MaxScorePicker, QueueScorer,
-                                WeightedRandomPicker)
-from epp_client.plugins.opt_in import OPT_IN_HEADER
+from epp_client.plugins import (
+    KVCacheUtilizationScorer,
+    LatencyScorer,
+    LoraAffinityScorer,
+    MaxScorePicker,
+    QueueScorer,
+    WeightedRandomPicker,
+)
+from epp_client.plugins.opt_in import OPT_IN_HEADER, with_opt_in
 from epp_client.predictor import BulkPrediction, InProcessPredictor
-from epp_client.scheduler import Scheduler
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, WELL_KNOWN_CONFIGS, config_text
 from epp_client.training import ListSink
-from epp_client.wellknown import (PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, WELL_KNOWN_CONFIGS, config_text,
-                                  with_opt_in)
 from features.loaded import LoadedBundle
 
 
@@ -51,7 +57,7 @@ def request(header: str | None = None, **kw) -> InferenceRequest:
 
 
 def sched(predictor=None, **opt_in) -> Scheduler:
-    return Scheduler.from_config(with_opt_in(RECOMMENDED_CONFIG, **opt_in),
+    return build_scheduler(with_opt_in(RECOMMENDED_CONFIG, **opt_in),
                                  predictor=predictor if predictor is not None else FixedPredictor(),
                                  sink=ListSink(), rng=random.Random(1))
 
@@ -151,15 +157,15 @@ def _config_with(params: dict, profiles=("predicted", "default")) -> str:
 ])
 def test_invalid_handler_parameters_name_the_parameter(params, where, what):
     with pytest.raises(ConfigError) as e:
-        Scheduler.from_config(_config_with(params))
+        build_scheduler(_config_with(params))
     n = len(yaml.safe_load(_config_with(params))["plugins"]) - 1
     assert e.value.param == f"plugins[{n}].{where}" and what in e.value.msg
 
 
 def test_the_handler_needs_both_profiles_and_with_opt_in_one_profile():
     with pytest.raises(ConfigError, match="needs a profile named 'default'"):
-        Scheduler.from_config(_config_with({}, profiles=("predicted", "heuristic")))
-    assert Scheduler.from_config(_config_with({"heuristicProfile": "heuristic"},
+        build_scheduler(_config_with({}, profiles=("predicted", "heuristic")))
+    assert build_scheduler(_config_with({"heuristicProfile": "heuristic"},
                                               profiles=("predicted", "heuristic"))).profile_handler
     with pytest.raises(ConfigError, match="already has a prediction-opt-in-profile-handler"):
         with_opt_in(with_opt_in(RECOMMENDED_CONFIG))
@@ -169,7 +175,7 @@ def test_the_handler_needs_both_profiles_and_with_opt_in_one_profile():
 
 def test_well_known_configs_by_name(tmp_path):
     assert set(WELL_KNOWN_CONFIGS) == {"predicted-latency-slo", "predicted-latency-recommended"}
-    rec = Scheduler.from_config("predicted-latency-recommended", predictor=FixedPredictor())
+    rec = build_scheduler("predicted-latency-recommended", predictor=FixedPredictor())
     (prof,) = rec.profiles
     (scorer, w_latency), (lora, w_lora), (kv, w_kv) = prof.scorers
     assert isinstance(scorer, LatencyScorer) and scorer.headroom_selection_strategy == "most"
@@ -187,13 +193,13 @@ def test_well_known_configs_by_name(tmp_path):
     # and the prefix index sized to each engine's KV cache (docs/plugins.md B4.8)
     assert rec.prefix_producer is not None and rec.prefix_producer.auto_tune
     assert rec.prefix_producer.auto_tune_capacity == "kv-tokens"
-    slo = Scheduler.from_config("predicted-latency-slo", predictor=FixedPredictor())
+    slo = build_scheduler("predicted-latency-slo", predictor=FixedPredictor())
     assert isinstance(slo.profiles[0].picker, WeightedRandomPicker)
     assert slo.profiles[0].scorers[0][0].headroom_selection_strategy == "least"
     f = tmp_path / "c.yaml"
     f.write_text("plugins: [{type: queue-scorer}]\n")
     assert config_text("predicted-latency-slo") == PREDICTED_LATENCY_SLO_CONFIG
-    assert isinstance(Scheduler.from_config(config_text(str(f))).profiles[0].scorers[0][0], QueueScorer)
+    assert isinstance(build_scheduler(config_text(str(f))).profiles[0].scorers[0][0], QueueScorer)
     with pytest.raises(OSError):
         config_text(str(tmp_path / "missing.yaml"))
 
@@ -201,7 +207,7 @@ def test_well_known_configs_by_name(tmp_path):
 def test_well_known_configs_are_the_shipped_yaml_files():
     """Each name is a plain YAML file under epp_client/profiles/, read as it is (no code builds
     a config by editing another); an installed copy carries them as package data."""
-    from epp_client.wellknown import PROFILES_DIR, REFERENCE_CONFIG
+    from epp_client.profiles import PROFILES_DIR, REFERENCE_CONFIG
 
     files = {p.stem: p.read_text(encoding="utf-8") for p in PROFILES_DIR.glob("*.yaml")}
     assert set(WELL_KNOWN_CONFIGS) | {"helm-reference"} == set(files)

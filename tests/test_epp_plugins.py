@@ -9,14 +9,33 @@ from collections import Counter
 
 import pytest
 
-from epp_client import (Admission, ConfigError, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad,
-                        LatencyPrediction, PrefixMatch)
-from epp_client import rank_endpoints
-from epp_client.params import parse_duration
-from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, LatencySloAdmitter, LoraAffinityScorer,
-                                MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter,
-                                PrefixCacheScorer, ProbabilisticAdmitter, QueueScorer, RandomPicker,
-                                SloHeadroomTierFilter, WeightedRandomPicker)
+from epp_client import (
+    Admission,
+    ConfigError,
+    Endpoint,
+    EndpointMetrics,
+    InferenceRequest,
+    InFlightLoad,
+    LatencyPrediction,
+    PrefixMatch,
+    rank_endpoints,
+)
+from epp_client.framework.params import parse_duration
+from epp_client.plugins import (
+    KVCacheUtilizationScorer,
+    LatencyScorer,
+    LatencySloAdmitter,
+    LoraAffinityScorer,
+    MaxScorePicker,
+    PredictedLatencyProducer,
+    PrefixCacheAffinityFilter,
+    PrefixCacheScorer,
+    ProbabilisticAdmitter,
+    QueueScorer,
+    RandomPicker,
+    SloHeadroomTierFilter,
+    WeightedRandomPicker,
+)
 
 REQ = InferenceRequest()
 

@@ -12,9 +12,9 @@ import random
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client.framework.loader import build_scheduler
 from epp_client.plugins.predicted_decider import PredictedPDDecider, kv_transfer_ms
 from epp_client.predictor import BulkPrediction
-from epp_client.scheduler import Scheduler
 
 ROLE = "llm-d.ai/role"
 
@@ -52,7 +52,7 @@ def pool(decode_running=0, prefill_waiting=0, cached_blocks=0, prefill_role="pre
 
 
 def run(pred, tokens=3000, headers=None, **kw):
-    s = Scheduler.from_config(config(**kw), predictor=pred, rng=random.Random(1))
+    s = build_scheduler(config(**kw), predictor=pred, rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=tokens, streaming=True, headers=headers or {}), pool_args(kw))
     return s, res
 
@@ -148,7 +148,7 @@ def test_tpot_rule_counts_the_stalls_of_the_prefills_it_already_kept_local():
     hdr = {"x-llm-d-slo-tpot-ms": "30", "x-llm-d-slo-ttft-ms": "2000"}
     now = [100.0]
     pred = TablePredictor(decode_ttft=600, prefill_ttft=700)
-    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1), clock=lambda: now[0])
+    s = build_scheduler(config(), predictor=pred, rng=random.Random(1), clock=lambda: now[0])
     decider = s.profile_handler.prefill_decider
 
     def decide():
@@ -171,7 +171,7 @@ def test_a_late_remote_path_keeps_a_prefill_local_only_while_the_kept_stalls_fit
     # keeping more would sink the decode endpoint, so it goes to the prefill pool.
     hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "650"}
     now = [100.0]
-    s = Scheduler.from_config(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
+    s = build_scheduler(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
                               rng=random.Random(1), clock=lambda: now[0])
 
     def decide():
@@ -203,15 +203,15 @@ def test_judge_prefill_pick_judges_the_endpoint_the_prefill_profile_picks():
     pred = KVTable(decode_ttft=1000, prefill_ttft=500)
     # judgePrefillPick false: the best predicted candidate (p1, 600 < 1000) says yes, and the
     # request goes to p0
-    s = Scheduler.from_config(config(judgePrefillPick=False), predictor=pred, rng=random.Random(1))
+    s = build_scheduler(config(judgePrefillPick=False), predictor=pred, rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
     # judging the pick (default): p0's 1400 ms loses to the local 1000 ms
-    s = Scheduler.from_config(config(), predictor=pred, rng=random.Random(1))
+    s = build_scheduler(config(), predictor=pred, rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "decode-only" and "prefill" not in res.picks
     # and a yes keeps the pick the decider judged
-    s = Scheduler.from_config(config(), predictor=KVTable(decode_ttft=1500, prefill_ttft=500), rng=random.Random(1))
+    s = build_scheduler(config(), predictor=KVTable(decode_ttft=1500, prefill_ttft=500), rng=random.Random(1))
     res = s.schedule(InferenceRequest(input_tokens=3000, streaming=True), eps)
     assert res.decision == "prefill-decode" and res.picks["prefill"].name == "p0"
 
@@ -228,5 +228,5 @@ def test_min_prompt_tokens_gate_and_parameter_validation():
     s, res = run(TablePredictor(decode_ttft=5000, prefill_ttft=10), tokens=999, minPromptTokens=1000)
     assert res.decision == "decode-only"
     with pytest.raises(ConfigError) as e:
-        Scheduler.from_config(config(transferBandwidthGBps=0))
+        build_scheduler(config(transferBandwidthGBps=0))
     assert "transferBandwidthGBps" in e.value.param

@@ -10,13 +10,23 @@ from collections import Counter
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
 from epp_client.inflight import InFlightTracker
-from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, LatencySloAdmitter, MaxScorePicker,
-                                PredictedLatencyProducer, PrefixCacheAffinityFilter, QueueScorer,
-                                SloHeadroomTierFilter, WeightedRandomPicker)
+from epp_client.plugins import (
+    KVCacheUtilizationScorer,
+    LatencyScorer,
+    LatencySloAdmitter,
+    MaxScorePicker,
+    PredictedLatencyProducer,
+    PrefixCacheAffinityFilter,
+    QueueScorer,
+    SloHeadroomTierFilter,
+    WeightedRandomPicker,
+)
 from epp_client.predictor import InProcessPredictor
-from epp_client.scheduler import Scheduler, SchedulingProfile
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG
 from epp_client.training import ListSink
 from features.loaded import LoadedBundle
 
@@ -35,7 +45,7 @@ def prior_predictor():
 
 
 def ref(predictor=None, sink=None, seed=1, config=REFERENCE_CONFIG):
-    return Scheduler.from_config(config, predictor=predictor if predictor is not None else prior_predictor(),
+    return build_scheduler(config, predictor=predictor if predictor is not None else prior_predictor(),
                                  sink=sink if sink is not None else ListSink(), rng=random.Random(seed))
 
 
@@ -110,7 +120,7 @@ def test_profile_clamps_scores_and_applies_weights():
 
 
 def test_default_profile_without_config():
-    s = Scheduler.from_config(None)
+    s = build_scheduler(None)
     (prof,) = s.profiles
     assert [(type(sc).__name__, w) for sc, w in prof.scorers] == [
         ("QueueScorer", 2.0), ("KVCacheUtilizationScorer", 2.0), ("PrefixCacheScorer", 3.0)]
@@ -198,7 +208,7 @@ def test_async_schedule_and_producer_timeout():
 def test_lifecycle_through_the_scheduler_updates_inflight_and_trains():
     sink = ListSink()
     t = [10.0]
-    s = Scheduler.from_config(REFERENCE_CONFIG, predictor=prior_predictor(), sink=sink, rng=random.Random(2),
+    s = build_scheduler(REFERENCE_CONFIG, predictor=prior_predictor(), sink=sink, rng=random.Random(2),
                               clock=lambda: t[0])
     eps = cluster()
     r = InferenceRequest(request_id="abc", input_tokens=800)  # 50 uncached blocks of 16
@@ -239,7 +249,7 @@ def test_lifecycle_through_the_scheduler_updates_inflight_and_trains():
 ])
 def test_invalid_configs_name_the_parameter(config, bad):
     with pytest.raises(ConfigError) as ei:
-        Scheduler.from_config(config)
+        build_scheduler(config)
     assert ei.value.param == bad
 
 
@@ -248,10 +258,10 @@ def test_config_defaults_picker_and_implicit_profile():
                        {"name": "wr", "type": "weighted-random-picker", "parameters": {"maxNumOfEndpoints": 2}},
                        {"type": "single-profile-handler"}],
            "schedulingProfiles": [{"name": "a", "plugins": [{"pluginRef": "queue-scorer", "weight": 3}]}]}
-    s = Scheduler.from_config(cfg, rng=random.Random(1))
+    s = build_scheduler(cfg, rng=random.Random(1))
     assert s.profiles[0].picker.max_num_of_endpoints == 2  # first configured picker
     assert len(s.schedule(InferenceRequest(), cluster()).picked) == 2
-    implicit = Scheduler.from_config({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}]})
+    implicit = build_scheduler({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}]})
     assert [type(sc).__name__ for sc, _ in implicit.profiles[0].scorers] == ["QueueScorer", "KVCacheUtilizationScorer"]
     assert isinstance(implicit.profiles[0].picker, MaxScorePicker)
 
@@ -266,7 +276,7 @@ def test_python_composition_equals_config():
             SloHeadroomTierFilter(rng=rng1),
             PrefixCacheAffinityFilter(0.80, ttft_source="latencyPredictor", max_ttft_penalty_ms=5000, rng=rng1)],
             [(LatencyScorer(), 1.0)], WeightedRandomPicker(rng=rng1)), inflight=InFlightTracker())
-    from_cfg = Scheduler.from_config(REFERENCE_CONFIG, predictor=pred, sink=ListSink(), rng=rng2)
+    from_cfg = build_scheduler(REFERENCE_CONFIG, predictor=pred, sink=ListSink(), rng=rng2)
     eps = cluster()
     for i in range(50):
         h = {"x-llm-d-slo-ttft-ms": str(300 + 20 * i)}

@@ -6,7 +6,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from epp_client.twin import StepModel
+from epp_client.engine.twin import StepModel
 from load.sim import engines
 from load.sim.stepmodel import PRESETS
 
@@ -40,7 +40,7 @@ def test_the_simulator_never_imports_the_twin_and_the_router_never_imports_the_s
     sim_files = sorted((ROOT / "load" / "sim").glob("*.py"))
     router_files = sorted((ROOT / "epp_client").rglob("*.py"))
     assert len(sim_files) > 20 and len(router_files) > 20       # the scan sees the packages
-    twin_users = {p.name for p in sim_files if any(m == "epp_client.twin" or m.startswith("epp_client.twin.")
+    twin_users = {p.name for p in sim_files if any(m == "epp_client.engine.twin" or m.startswith("epp_client.engine.twin.")
                                                    for m in _imports(p))}
     assert twin_users == set()
     load_users = {str(p.relative_to(ROOT)) for p in router_files

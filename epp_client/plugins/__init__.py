@@ -8,7 +8,7 @@ Each plugin is a class in one module of this package, registered where it is dec
 
 The roles are the protocols of :mod:`.protocols` (filter, scorer, picker, admitter,
 producer, in-flight load producer, P/D decider, profile handler). Parameters are declared
-once, as fields (:mod:`epp_client.params`): constructors take them as snake_case keywords
+once, as fields (:mod:`epp_client.framework.params`): constructors take them as snake_case keywords
 with the upstream defaults (plus ``rng`` where random numbers are drawn);
 ``Class.from_config(params)`` takes the upstream camelCase names; invalid parameters raise
 ``ConfigError`` naming ``type.parameter``. The config builder finds the plugins with
@@ -17,16 +17,7 @@ module. The ``*ProducerName`` parameters are accepted for config compatibility a
 ignored: in this library each attribute has one source (the fields of
 :class:`~epp_client.Endpoint`).
 """
-from .admitters import LatencySloAdmitter, ProbabilisticAdmitter
-from .deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
-from .disagg import DisaggProfileHandler
-from .filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
-from .inflight_scorer import InFlightTokenScorer
-from .pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
-from .predicted_decider import PredictedPDDecider
-from .prefix import ApproxPrefixProducer
-from .producer import PredictedLatencyProducer
-from .protocols import (
+from epp_client.framework.protocols import (
     Admitter,
     Filter,
     InFlightLoadProducer,
@@ -38,9 +29,18 @@ from .protocols import (
     ProfileHandler,
     Scorer,
 )
-from .registry import discover, plugin
-from .roles import DecodeFilter, EncodeFilter, PrefillFilter
-from .scorers import (
+from epp_client.framework.registry import discover, plugin
+from epp_client.plugins.admitters import LatencySloAdmitter, ProbabilisticAdmitter
+from epp_client.plugins.deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
+from epp_client.plugins.disagg import DisaggProfileHandler
+from epp_client.plugins.filters import PrefixCacheAffinityFilter, SloHeadroomTierFilter
+from epp_client.plugins.inflight_scorer import InFlightTokenScorer
+from epp_client.plugins.pickers import MaxScorePicker, RandomPicker, WeightedRandomPicker
+from epp_client.plugins.predicted_decider import PredictedPDDecider
+from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.producer import PredictedLatencyProducer
+from epp_client.plugins.roles import DecodeFilter, EncodeFilter, PrefillFilter
+from epp_client.plugins.scorers import (
     KVCacheUtilizationScorer,
     LatencyScorer,
     LoraAffinityScorer,

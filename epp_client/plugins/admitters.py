@@ -8,11 +8,11 @@ from __future__ import annotations
 import random
 from dataclasses import field
 
-from ..flowcontrol.saturation import roofline
-from ..params import Plugin, gt, param
-from ..types import ADMITTED, Admission, Endpoint, InferenceRequest
-from .protocols import Admitter
-from .registry import plugin
+from epp_client.flowcontrol.saturation import roofline
+from epp_client.framework.params import Plugin, gt, param
+from epp_client.framework.protocols import Admitter
+from epp_client.framework.registry import plugin
+from epp_client.types import ADMITTED, Admission, Endpoint, InferenceRequest
 
 #: An endpoint under this KV-cache use counts as cold (B2.5).
 COLD_KV_USAGE = 0.02

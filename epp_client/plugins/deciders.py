@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..params import Plugin, ge, param
-from ..types import Endpoint, InferenceRequest
-from .protocols import PDDecider
-from .registry import plugin
+from epp_client.framework.params import Plugin, ge, param
+from epp_client.framework.protocols import PDDecider
+from epp_client.framework.registry import plugin
+from epp_client.types import Endpoint, InferenceRequest
 
 
 class _Decider(Plugin):

@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import ConfigError, Endpoint, InferenceRequest
-from .protocols import ProfileHandler
-from .registry import plugin
+from epp_client.framework.protocols import ProfileHandler
+from epp_client.framework.registry import plugin
+from epp_client.types import ConfigError, Endpoint, InferenceRequest
 
 HANDLER_TYPE = "disagg-profile-handler"
 

@@ -6,10 +6,10 @@ import random
 import sys
 from dataclasses import field
 
-from ..params import Plugin, ge, le, one_of, param, within
-from ..types import ConfigError, Endpoint, InferenceRequest
-from .protocols import Filter
-from .registry import plugin
+from epp_client.framework.params import Plugin, ge, le, one_of, param, within
+from epp_client.framework.protocols import Filter
+from epp_client.framework.registry import plugin
+from epp_client.types import ConfigError, Endpoint, InferenceRequest
 
 _MAX_FLOAT = sys.float_info.max
 

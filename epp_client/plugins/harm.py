@@ -6,7 +6,7 @@ recommended profile, holding requests (docs/plugins.md B2.9).
 A prompt's prefill slows every engine step of the server it lands on, and with it the decode of
 every request running there (docs/evaluation.md §4: on ``standard`` at 80% load every policy
 that judges only the request being placed misses TPOT for 5% or more). Per candidate ``e`` with
-a prediction, the engine twin (:mod:`epp_client.twin`) steps ``e``'s continuous batching forward
+a prediction, the engine twin (:mod:`epp_client.engine.twin`) steps ``e``'s continuous batching forward
 from the requests this router has running there (``LatencyPrediction.decoding``, streaming mode),
 with the request queued last (its prompt tokens not cached on ``e`` to prefill) until its first
 token plus ``probeSteps`` decode steps, and without it to the same moment. The count:
@@ -32,7 +32,7 @@ later with the time held in ``InferenceRequest.waited_ms``, which the TTFT SLO i
 prefill goes where and when the decodes it would slow are gone, at the cost of TTFT slack the
 request did not need.
 
-The step time is linear in the batch (:class:`~epp_client.twin.StepModel`; the ``step*``
+The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`; the ``step*``
 parameters are the router's prior, ``engineSpeed`` divides them all). The twin is the plugins'
 :class:`EngineModel`, their one view of an engine: a reference that knows the engine (the
 simulator's ``--true-harm``) replaces it with :meth:`DecodeHarmCount.use_engine_model`.
@@ -44,12 +44,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..params import Plugin, ge, gt, param, within
-from ..twin import Outcome, StepModel, placement
-from ..types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
-from .protocols import Filter, Scorer
-from .registry import plugin
-from .scorers import lora_affinity
+from epp_client.engine.twin import Outcome, StepModel, placement
+from epp_client.framework.params import Plugin, ge, gt, param, within
+from epp_client.framework.protocols import Filter, Scorer
+from epp_client.framework.registry import plugin
+from epp_client.plugins.scorers import lora_affinity
+from epp_client.types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
 
 _STEP = StepModel()
 _FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
@@ -71,7 +71,7 @@ class EngineModel(Protocol):
 
 
 class TwinEngine:
-    """The plugins' own engine model: the engine twin (:func:`epp_client.twin.placement`) over
+    """The plugins' own engine model: the engine twin (:func:`epp_client.engine.twin.placement`) over
     the endpoint's running requests, with the configured step model and token budget."""
 
     def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:

@@ -6,10 +6,10 @@ llm-d's token-load routing (behind ``prefix-cache-affinity-filter``); no paramet
 """
 from __future__ import annotations
 
-from ..params import Plugin
-from ..types import Endpoint, InferenceRequest
-from .protocols import Scorer
-from .registry import plugin
+from epp_client.framework.params import Plugin
+from epp_client.framework.protocols import Scorer
+from epp_client.framework.registry import plugin
+from epp_client.types import Endpoint, InferenceRequest
 
 
 @plugin("inflight-token-scorer", Scorer)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..types import Endpoint
+from epp_client.types import Endpoint
 
 #: A count survives this many consecutive reconciles that do not see its adapter.
 MISSES_BEFORE_RESET = 2

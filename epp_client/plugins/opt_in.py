@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ..params import Check, Plugin, param, parse_params
-from ..types import PRIOR_MODEL_SOURCE, ConfigError, Endpoint, InferenceRequest
-from .protocols import ProfileHandler
-from .registry import plugin
+import yaml
+
+from epp_client.framework.params import Check, Plugin, param, parse_params
+from epp_client.framework.profile import default_profile
+from epp_client.framework.protocols import ProfileHandler
+from epp_client.framework.registry import plugin
+from epp_client.profiles import WELL_KNOWN_CONFIGS
+from epp_client.types import PRIOR_MODEL_SOURCE, ConfigError, Endpoint, InferenceRequest
 
 HANDLER_TYPE = "prediction-opt-in-profile-handler"
 OPT_IN_HEADER = "x-prediction-based-scheduling"
@@ -118,3 +122,37 @@ class PredictionOptInProfileHandler(Plugin):
 
     def headers(self, profile_results: Mapping) -> dict[str, str | None]:
         return {}
+
+
+def with_opt_in(config: str | Mapping, *, prediction_for_all: bool = False,
+                heuristic_while_warming_up: bool = True) -> str:
+    """``config`` (YAML text, a well-known name or the decoded dict; exactly one scheduling
+    profile) as an opt-in config: its profile renamed ``predicted``, llm-d's default profile
+    as ``default`` beside it, and a ``prediction-opt-in-profile-handler`` with the given
+    parameters choosing between them per request."""
+    cfg: Any = config
+    if isinstance(config, str):
+        cfg = yaml.safe_load(WELL_KNOWN_CONFIGS.get(config, config))
+    if not isinstance(cfg, Mapping):
+        raise ConfigError("config", "must be a mapping")
+    cfg = dict(cfg)
+    plugins = [dict(p) for p in cfg.get("plugins") or []]
+    if any(isinstance(p, Mapping) and p.get("type") == HANDLER_TYPE for p in plugins):
+        raise ConfigError("plugins", f"already has a {HANDLER_TYPE}")
+    profiles = cfg.get("schedulingProfiles")
+    if not isinstance(profiles, list) or len(profiles) != 1 or not isinstance(profiles[0], Mapping):
+        raise ConfigError("schedulingProfiles", "an opt-in config is made from a config with exactly one profile")
+    predicted = dict(profiles[0], name="predicted")
+    # the heuristic profile: llm-d's default one (epp_client.framework.profile.default_profile)
+    default = default_profile()
+    scorers = [(f"heuristic-{type(sc).TYPE}", type(sc).TYPE, w) for sc, w in default.scorers]
+    picker = f"heuristic-{type(default.picker).TYPE}"
+    plugins += [{"name": name, "type": ptype} for name, ptype, _ in scorers]
+    plugins.append({"name": picker, "type": type(default.picker).TYPE})
+    plugins.append({"type": HANDLER_TYPE, "parameters": {"predictionForAll": prediction_for_all,
+                                                           "heuristicWhileWarmingUp": heuristic_while_warming_up}})
+    refs = [{"pluginRef": name, "weight": w} for name, _, w in scorers]
+    heuristic = {"name": "default", "plugins": [*refs, {"pluginRef": picker}]}
+    cfg["plugins"] = plugins
+    cfg["schedulingProfiles"] = [predicted, heuristic]
+    return yaml.safe_dump(cfg, sort_keys=False)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from dataclasses import field
 
-from ..params import Plugin, param
-from ..types import Endpoint
-from .protocols import Picker
-from .registry import plugin
+from epp_client.framework.params import Plugin, param
+from epp_client.framework.protocols import Picker
+from epp_client.framework.registry import plugin
+from epp_client.types import Endpoint
 
 
 class _Picker(Plugin):

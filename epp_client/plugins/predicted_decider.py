@@ -51,12 +51,12 @@ import math
 import time
 from collections.abc import Callable
 
-from ..params import ge, gt, param
-from ..types import Endpoint, InferenceRequest
-from .deciders import _Decider
-from .protocols import PDDecider
-from .registry import plugin
-from .roles import DecodeFilter, PrefillFilter
+from epp_client.framework.params import ge, gt, param
+from epp_client.framework.protocols import PDDecider
+from epp_client.framework.registry import plugin
+from epp_client.plugins.deciders import _Decider
+from epp_client.plugins.roles import DecodeFilter, PrefillFilter
+from epp_client.types import Endpoint, InferenceRequest
 
 _PREFILL = PrefillFilter()
 _DECODE = DecodeFilter()

@@ -36,11 +36,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from ..params import Plugin, gt, one_of, param
-from ..types import Endpoint, EndpointMetrics, PrefixMatch
-from .prefix_lru import GenerationLRU
-from .protocols import PrefixProducer
-from .registry import plugin
+from epp_client.framework.params import Plugin, gt, one_of, param
+from epp_client.framework.protocols import PrefixProducer
+from epp_client.framework.registry import plugin
+from epp_client.plugins.prefix_lru import GenerationLRU
+from epp_client.types import Endpoint, EndpointMetrics, PrefixMatch
 
 
 @plugin("approx-prefix-cache-producer", PrefixProducer)

@@ -34,13 +34,13 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from ..params import Plugin, gt, param
-from ..predictor import BulkPrediction
-from ..twin import Running
-from ..types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction, uncached_prompt_tokens
-from .producer_state import RequestContext, RunningQueue
-from .protocols import Producer
-from .registry import plugin
+from epp_client.engine.twin import Running
+from epp_client.framework.params import Plugin, gt, param
+from epp_client.framework.protocols import Producer
+from epp_client.framework.registry import plugin
+from epp_client.plugins.producer_state import RequestContext, RunningQueue
+from epp_client.predictor import BulkPrediction
+from epp_client.types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction, uncached_prompt_tokens
 
 _KNOWN_POD_TYPES = ("prefill", "decode")
 
@@ -166,7 +166,7 @@ class PredictedLatencyProducer(Plugin):
 
     def decoding(self, endpoint: str, now: float) -> tuple[Running, ...]:
         """The requests dispatched to ``endpoint`` and not finished, in dispatch order, as the
-        engine twin sees them (:class:`~epp_client.twin.Running`): before the first chunk, the
+        engine twin sees them (:class:`~epp_client.engine.twin.Running`): before the first chunk, the
         prompt tokens to prefill there (not cached on it at dispatch; none when another endpoint
         prefills it); after, the decode time and tokens so far, the tokens counted from the chunks
         when they carry counts, else at the TPOT predicted for it at dispatch."""

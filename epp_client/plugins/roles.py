@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..params import Plugin
-from ..types import Endpoint, InferenceRequest
-from .protocols import Filter
-from .registry import plugin
+from epp_client.framework.params import Plugin
+from epp_client.framework.protocols import Filter
+from epp_client.framework.registry import plugin
+from epp_client.types import Endpoint, InferenceRequest
 
 ROLE_LABEL = "llm-d.ai/role"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-from ..params import Plugin, gt, one_of, param, within
-from ..types import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, LatencyPrediction
-from .lora_history import LoraRequestHistory
-from .protocols import Scorer
-from .registry import plugin
+from epp_client.framework.params import Plugin, gt, one_of, param, within
+from epp_client.framework.protocols import Scorer
+from epp_client.framework.registry import plugin
+from epp_client.plugins.lora_history import LoraRequestHistory
+from epp_client.types import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, LatencyPrediction
 
 _EPS = 1e-9
 

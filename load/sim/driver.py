@@ -2,7 +2,7 @@
 
 The engine calls a router at each arrival (``route``), dispatch, first token and end of
 a request (``engine.Router``). :class:`LifecycleRouter` turns those events into the
-calls of :mod:`epp_client.lifecycle` on a policy, with simulated time, exactly as the
+calls of :mod:`epp_client.framework.lifecycle` on a policy, with simulated time, exactly as the
 gateway does with real time: ``schedule`` at arrival (candidates carry the *scraped*
 metrics and, for prefix-aware policies, the approximate prefix producer's match; the
 policy adds its own in-flight counters), ``pre_request`` at dispatch, ``on_first_chunk``

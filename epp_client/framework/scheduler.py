@@ -36,25 +36,22 @@ the caller schedules the request again that much later with ``request.waited_ms`
 one, and lets the admitters judge only the predicted requests.
 
 Build from Python objects (``Scheduler(producer=..., admitters=[...], profiles=[...])``)
-or from an EndpointPickerConfig-style dict / YAML text with :meth:`Scheduler.from_config`.
+or from an EndpointPickerConfig-style dict / YAML text with
+:func:`epp_client.framework.loader.build_scheduler`.
 Not thread-safe: one scheduler per event loop / simulator.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from .inflight import InFlightTracker
-from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
-from .plugins.pickers import MaxScorePicker
-from .plugins.producer import PredictedLatencyProducer
-from .plugins.protocols import LifecycleObserver
-from .types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest
+from epp_client.framework.lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
+from epp_client.framework.profile import SchedulingProfile, default_profile
+from epp_client.framework.protocols import InFlightLoadProducer, LifecycleObserver, Producer
+from epp_client.types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -62,39 +59,10 @@ log = logging.getLogger(__name__)
 PRODUCER_TIMEOUT_S = 0.4
 
 
-@dataclass
-class SchedulingProfile:
-    """Filters in order, weighted scorers (weight default 1.0), one picker."""
-
-    name: str = "default"
-    filters: list = field(default_factory=list)
-    scorers: list = field(default_factory=list)  # [(scorer, weight)]
-    picker: Any = None
-
-    def run(self, request: InferenceRequest, endpoints: list[Endpoint]) -> ProfileResult:
-        candidates = endpoints
-        for f in self.filters:
-            candidates = f.filter(request, candidates)
-            if not candidates:
-                return ProfileResult(self.name, [], {}, filtered=[])
-        totals = {e.name: 0.0 for e in candidates}
-        for scorer, weight in self.scorers:
-            raw = scorer.score(request, candidates)
-            for name, s in raw.items():
-                if name in totals:
-                    # clamp to [0, 1] then weight (NaN counts as 0)
-                    totals[name] += (1.0 if s > 1.0 else s if s > 0.0 else 0.0) * weight
-        picker = self.picker if self.picker is not None else _DEFAULT_PICKER
-        return ProfileResult(self.name, picker.pick(candidates, totals), totals, filtered=candidates)
-
-
-_DEFAULT_PICKER = MaxScorePicker()
-
-
 class Scheduler:
-    def __init__(self, producer: PredictedLatencyProducer | None = None, admitters: Sequence = (),
+    def __init__(self, producer: Producer | None = None, admitters: Sequence = (),
                  profiles: Sequence[SchedulingProfile] | SchedulingProfile = (),
-                 inflight: InFlightTracker | None = None,
+                 inflight: InFlightLoadProducer | None = None,
                  primary_profile: str | None = None, producer_timeout_s: float = PRODUCER_TIMEOUT_S,
                  profile_handler: Any = None, prefix_producer: Any = None) -> None:
         if isinstance(profiles, SchedulingProfile):
@@ -126,14 +94,6 @@ class Scheduler:
                 if isinstance(plugin, LifecycleObserver):
                     hooks.setdefault(id(plugin), plugin)
         self.lifecycle_plugins = list(hooks.values())
-
-    # -- building ------------------------------------------------------------------------
-    @classmethod
-    def from_config(cls, config: Mapping | str, predictor: Any = None, sink: Any = None,
-                    rng: random.Random | None = None, **kwargs: Any) -> Scheduler:
-        from .config import build_scheduler
-
-        return build_scheduler(config, predictor=predictor, sink=sink, rng=rng, **kwargs)
 
     # -- scheduling ----------------------------------------------------------------------
     def _prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
@@ -264,10 +224,3 @@ class Scheduler:
         if self.producer is not None:
             self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
 
-
-def default_profile() -> SchedulingProfile:
-    """Upstream's default without a config: queue (2), kv (2), prefix (3), max-score picker."""
-    from .plugins.scorers import KVCacheUtilizationScorer, PrefixCacheScorer, QueueScorer
-
-    return SchedulingProfile("default", [], [(QueueScorer(), 2.0), (KVCacheUtilizationScorer(), 2.0),
-                                             (PrefixCacheScorer(), 3.0)], MaxScorePicker())

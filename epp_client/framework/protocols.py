@@ -1,7 +1,7 @@
 """The roles a plugin can play, as protocols (what the scheduler calls on it).
 
 A plugin declares its role when it registers (``@plugin("type-name", Scorer)``, see
-:mod:`epp_client.plugins.registry`); registration checks that the class has the role's
+:mod:`epp_client.framework.registry`); registration checks that the class has the role's
 methods, and the config builder places each plugin by its declared role.
 
 - :class:`Producer`: before scheduling, writes ``Endpoint.prediction`` on every
@@ -20,14 +20,14 @@ methods, and the config builder places each plugin by its declared role.
   (``Endpoint.prefix_match``), from the dispatches it recorded.
 
 Profile plugins may also implement :class:`LifecycleObserver` (the scheduler calls it);
-the router-level request lifecycle is :class:`epp_client.lifecycle.RequestLifecycle`.
+the router-level request lifecycle is :class:`epp_client.framework.lifecycle.RequestLifecycle`.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..types import Admission, Endpoint, InferenceRequest, InFlightLoad
+from epp_client.types import Admission, Endpoint, InferenceRequest, InFlightLoad
 
 
 @runtime_checkable
@@ -52,6 +52,8 @@ class Producer(Protocol):
 @runtime_checkable
 class InFlightLoadProducer(Protocol):
     def load(self, name: str) -> InFlightLoad: ...
+
+    def snapshot(self, name: str) -> InFlightLoad: ...
 
     def pre_request(self, request: InferenceRequest, picks: dict[str, Endpoint]) -> None: ...
 

@@ -14,7 +14,7 @@ policy through these calls, with real or simulated time::
 
 ``inflight`` is the lifecycle's :class:`~epp_client.inflight.InFlightTracker`, the one
 count of the requests and uncached prompt tokens it has in flight per endpoint.
-Implementations: :class:`~epp_client.scheduler.Scheduler` (the EPP plugins) and the
+Implementations: :class:`~epp_client.framework.scheduler.Scheduler` (the EPP plugins) and the
 heuristics of :mod:`epp_client.heuristics` (random, round-robin, least-requests, the
 gateway's least-load).
 """
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .inflight import InFlightTracker
-from .types import Admission, Endpoint, InferenceRequest
+from epp_client.framework.protocols import InFlightLoadProducer
+from epp_client.types import Admission, Endpoint, InferenceRequest
 
 
 @dataclass
@@ -80,7 +80,7 @@ class SchedulingResult:
 
 class RequestLifecycle(Protocol):
     @property
-    def inflight(self) -> InFlightTracker | None:
+    def inflight(self) -> InFlightLoadProducer | None:
         """The policy's in-flight accounting, if it keeps one (read-only here: an attribute or
         a property, of this type or a narrower one)."""
 
@@ -109,7 +109,7 @@ def ensure_request_id(request: InferenceRequest) -> str:
     return request.request_id
 
 
-def candidates_for(endpoints: Sequence[Endpoint], inflight: InFlightTracker | None) -> list[Endpoint]:
+def candidates_for(endpoints: Sequence[Endpoint], inflight: InFlightLoadProducer | None) -> list[Endpoint]:
     """Per-request clones (the director snapshots its candidates): no prediction yet, and
     the tracker's in-flight load unless the caller supplied one."""
     clones = [e.clone() for e in endpoints]

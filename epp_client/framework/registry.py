@@ -1,7 +1,7 @@
 """Plugin registration and discovery.
 
 A plugin module declares each of its plugins with ``@plugin("type-name", Role)`` (Role:
-one of the protocols of :mod:`epp_client.plugins.protocols`). The decorator checks the
+one of the protocols of :mod:`epp_client.framework.protocols`). The decorator checks the
 class against its role and marks it; nothing else happens at import time.
 :func:`discover` imports every module of the plugin packages and collects the marked
 classes, so adding a plugin is adding one module: there is no list to keep.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ..params import describe
-from .protocols import ROLES
+from epp_client.framework.params import describe
+from epp_client.framework.protocols import ROLES
 
 #: Packages whose every module is searched for plugins.
 PACKAGES = ("epp_client.plugins",)

@@ -1,6 +1,7 @@
 """EndpointPickerConfig-style configuration (plugins + scheduling profiles) -> Scheduler.
 
-Accepted shape (YAML text, a well-known name of :mod:`epp_client.wellknown`, or the decoded dict)::
+Accepted shape (YAML text, a well-known name of :mod:`epp_client.profiles`, or the decoded dict;
+stage 1, :func:`epp_client.framework.config.load_config`, reads it)::
 
     apiVersion: inference.networking.x-k8s.io/v1alpha1     # optional
     kind: EndpointPickerConfig                              # optional
@@ -33,12 +34,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
-from .flowcontrol.config import FLOW_PLUGIN_TYPES
-from .inflight import InFlightTracker
-from .plugins.pickers import MaxScorePicker
-from .plugins.protocols import (
+from epp_client.flowcontrol.config import FLOW_PLUGIN_TYPES
+from epp_client.framework.config import load_config
+from epp_client.framework.profile import SchedulingProfile, default_picker, default_profile
+from epp_client.framework.protocols import (
     Admitter,
     Filter,
     InFlightLoadProducer,
@@ -49,39 +48,19 @@ from .plugins.protocols import (
     ProfileHandler,
     Scorer,
 )
-from .plugins.registry import discover, role_of
-from .scheduler import Scheduler, SchedulingProfile, default_profile
-from .types import ConfigError
-from .wellknown import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG, WELL_KNOWN_CONFIGS
+from epp_client.framework.registry import discover, role_of
+from epp_client.framework.scheduler import Scheduler
+from epp_client.types import ConfigError
 
-__all__ = ["build_scheduler", "REFERENCE_CONFIG", "PREDICTED_LATENCY_SLO_CONFIG"]
+__all__ = ["build_scheduler"]
+
+#: the in-flight accounting every scheduler has (upstream auto-creates it)
+INFLIGHT_TYPE = "inflight-load-producer"
 
 #: Upstream plugin types accepted and ignored here: the router supplies their data itself
 #: (prefix match info on each Endpoint), they only select profiles, or they belong to flow
 #: control (``flowcontrol.build_flow_control`` builds those).
 IGNORED_TYPES = frozenset({"single-profile-handler", *FLOW_PLUGIN_TYPES})
-
-_TOP_KEYS = frozenset({"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector",
-                       "data", "flowControl"})
-
-def _load(config: Mapping | str | None) -> dict:
-    if config is None:
-        return {}
-    if isinstance(config, str):
-        config = WELL_KNOWN_CONFIGS.get(config, config)   # a well-known name (epp_client.wellknown)
-        try:
-            config = yaml.safe_load(config)
-        except yaml.YAMLError as e:
-            raise ConfigError("config", f"not valid YAML: {e}") from None
-        if config is None:
-            return {}
-    if not isinstance(config, Mapping):
-        raise ConfigError("config", f"must be a mapping, got {type(config).__name__}")
-    unknown = set(config) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown top-level key (known: {', '.join(sorted(_TOP_KEYS))})")
-    return dict(config)
-
 
 def _role(plugin: Any) -> type | None:
     if isinstance(plugin, _HandlerSpec):
@@ -121,8 +100,8 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
                     **producer_kwargs: Any) -> Scheduler:
     """Build a Scheduler; ``producer_kwargs`` (e.g. ``clock``, ``wall_clock``) go to the plugins
     that declare them (the producer). ``plugin_types`` (type name -> class) replaces the
-    discovered plugins (:func:`~epp_client.plugins.registry.discover`)."""
-    cfg = _load(config)
+    discovered plugins (:func:`~epp_client.framework.registry.discover`)."""
+    cfg = load_config(config)
     if plugin_types is None:
         plugin_types = discover()
     plugins_cfg = cfg.get("plugins") or []
@@ -171,7 +150,7 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
         raise ConfigError("plugins", f"at most one predicted-latency-producer is supported, got {producers}")
     producer = instances[producers[0]] if producers else None
     trackers = [instances[n] for n in order if _role(instances[n]) is InFlightLoadProducer]
-    inflight = trackers[0] if trackers else InFlightTracker()
+    inflight = trackers[0] if trackers else (plugin_types.get(INFLIGHT_TYPE) or discover()[INFLIGHT_TYPE])()
     prefixes = [instances[n] for n in order if _role(instances[n]) is PrefixProducer]
     prefix = prefixes[0] if prefixes else None
     admitters = [instances[n] for n in order if _role(instances[n]) is Admitter]
@@ -203,7 +182,9 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
         pname = pspec.get("name")
         if not isinstance(pname, str) or not pname:
             raise ConfigError(f"{loc}.name", "required")
-        profile = SchedulingProfile(pname)
+        filters: list = []
+        scorers: list = []
+        picker: Any = None
         for j, ref in enumerate(pspec.get("plugins") or []):
             rloc = f"{loc}.plugins[{j}]"
             if not isinstance(ref, Mapping) or set(ref) - {"pluginRef", "weight"}:
@@ -217,17 +198,17 @@ def build_scheduler(config: Mapping | str | None, predictor: Any = None, sink: A
             plugin = instances[pref]
             role = _role(plugin)
             if role is Filter:
-                profile.filters.append(plugin)
+                filters.append(plugin)
             elif role is Scorer:
-                profile.scorers.append((plugin, float(weight)))
+                scorers.append((plugin, float(weight)))
             elif role is Picker:
-                if profile.picker is not None:
+                if picker is not None:
                     raise ConfigError(f"{rloc}.pluginRef", "a profile has at most one picker")
-                profile.picker = plugin
+                picker = plugin
             # producers, admitters, deciders, in-flight accounting, handlers and ignored types are global
-        if profile.picker is None:
-            profile.picker = pickers[0] if pickers else MaxScorePicker(rng=rng if rng is not None else random.Random())
-        profiles.append(profile)
+        if picker is None:
+            picker = pickers[0] if pickers else default_picker(rng if rng is not None else random.Random())
+        profiles.append(SchedulingProfile(pname, filters, scorers, picker))
     if handler is not None:
         missing = [n for n in handler.required_profiles() if n not in {p.name for p in profiles}]
         if missing:

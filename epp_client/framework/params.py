@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
-from .types import ConfigError
+from epp_client.types import ConfigError
 
 KINDS = ("float", "int", "bool", "str", "duration")
 _META = "epp_client.param"
@@ -161,7 +161,7 @@ _P = TypeVar("_P", bound="Plugin")
 class Plugin:
     """Base of every configurable plugin (see the module docstring)."""
 
-    #: upstream plugin type; set by ``@plugin`` (epp_client.plugins.registry) or by hand
+    #: upstream plugin type; set by ``@plugin`` (epp_client.framework.registry) or by hand
     TYPE: ClassVar[str] = ""
     #: the declared parameters, collected from the fields when the class is created
     PARAMS: ClassVar[tuple[Param, ...]] = ()
