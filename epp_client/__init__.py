@@ -16,9 +16,9 @@ Public API::
     from epp_client.heuristics import LeastLoadScheduler, ...  # heuristic policies on it
     from epp_client.predictor import PredictorClient, InProcessPredictor, BulkPrediction
     from epp_client.training import TrainingReporter, ListSink
-    from epp_client.inflight import InFlightTracker
+    from epp_client.plugins.producer.inflight_load import InFlightTracker
     from epp_client.profiles import REFERENCE_CONFIG, RECOMMENDED_CONFIG, config_text  # configs by name
-    from epp_client.plugins.opt_in import with_opt_in    # the opt-in variant of a config
+    from epp_client.plugins.handler.opt_in import with_opt_in    # the opt-in variant of a config
     from epp_client.metrics import EppCollector          # Prometheus exposition
     from epp_client import rank_endpoints                # one Endpoint per DP rank (B4.6)
     from epp_client.flowcontrol import ProgramAwareFairness, FlowController, build_flow_control  # B4.5

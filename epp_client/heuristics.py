@@ -1,7 +1,7 @@
 """Heuristic routing policies on the request lifecycle (:mod:`epp_client.framework.lifecycle`).
 
 No plugins and no predictions: each orders the candidates by a fixed rule, and counts
-its in-flight requests with an :class:`~epp_client.inflight.InFlightTracker` (shareable,
+its in-flight requests with an :class:`~epp_client.plugins.producer.inflight_load.InFlightTracker` (shareable,
 so a fallback and the scheduler it stands in for count in one place). Subclasses only
 define ``order(request, candidates)``: best first, empty to drop the request.
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from epp_client.framework.lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
 from epp_client.framework.protocols import InFlightLoadProducer
-from epp_client.inflight import InFlightTracker
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
 PROFILE = "default"

@@ -30,7 +30,7 @@ import orjson
 from epp_client.framework.lifecycle import RequestLifecycle
 from epp_client.framework.protocols import InFlightLoadProducer
 from epp_client.heuristics import LeastLoadScheduler
-from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
 from .downstream import ClientWatch, Disconnected, TooLarge, aclose_quietly, first_nonempty, read_body

@@ -8,7 +8,7 @@ prefix match); ``aschedule`` decides; the gateway then calls ``pre_request`` at 
 attempt's dispatch, ``on_first_chunk`` at the first token and ``on_complete`` at the end.
 If the policy raises, the least-load fallback decides and the gateway drives *its*
 lifecycle for that request. Both share the policy's in-flight tracker: in-flight load is
-counted once, in ``epp_client.inflight``.
+counted once, in ``epp_client.plugins.producer.inflight_load``.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from epp_client.framework import loader
 from epp_client.framework.lifecycle import RequestLifecycle, SchedulingResult
 from epp_client.framework.scheduler import Scheduler
 from epp_client.heuristics import LeastLoadScheduler
-from epp_client.plugins.opt_in import WARM_UP
+from epp_client.plugins.handler.opt_in import WARM_UP
 from epp_client.profiles import config_text
 from epp_client.types import Endpoint, EndpointMetrics, InferenceRequest
 

@@ -6,7 +6,7 @@ import json
 import random
 
 from epp_client.framework.loader import build_scheduler
-from epp_client.plugins.harm import DecodeHarmFilter
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
 from epp_client.profiles import config_text
 from epp_client.training import ListSink
 from load import bench_epp

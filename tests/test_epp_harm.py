@@ -10,7 +10,8 @@ from epp_client.engine.twin import Running
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import PredictedLatencyProducer
-from epp_client.plugins.harm import DecodeHarmFilter, DecodeHarmScorer
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+from epp_client.plugins.scorer.decode_harm import DecodeHarmScorer
 from epp_client.types import LatencyPrediction
 from test_epp_producer import Clock, TablePredictor
 

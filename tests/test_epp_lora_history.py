@@ -14,8 +14,8 @@ from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import LoraAffinityScorer, MaxScorePicker
-from epp_client.plugins.lora_history import RECENT_LIMIT as LIMIT
-from epp_client.plugins.lora_history import LoraRequestHistory
+from epp_client.plugins.scorer.lora_history import RECENT_LIMIT as LIMIT
+from epp_client.plugins.scorer.lora_history import LoraRequestHistory
 
 
 def ep(name, running=(), waiting=(), max_lora=4):

@@ -20,7 +20,7 @@ from epp_client.plugins import (
     QueueScorer,
     WeightedRandomPicker,
 )
-from epp_client.plugins.opt_in import OPT_IN_HEADER, with_opt_in
+from epp_client.plugins.handler.opt_in import OPT_IN_HEADER, with_opt_in
 from epp_client.predictor import BulkPrediction, InProcessPredictor
 from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, WELL_KNOWN_CONFIGS, config_text
 from epp_client.training import ListSink

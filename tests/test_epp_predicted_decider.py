@@ -13,7 +13,7 @@ import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
 from epp_client.framework.loader import build_scheduler
-from epp_client.plugins.predicted_decider import PredictedPDDecider, kv_transfer_ms
+from epp_client.plugins.decider.predicted import PredictedPDDecider, kv_transfer_ms
 from epp_client.predictor import BulkPrediction
 
 ROLE = "llm-d.ai/role"

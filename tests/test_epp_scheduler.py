@@ -13,7 +13,7 @@ from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest,
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
-from epp_client.inflight import InFlightTracker
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.plugins import (
     KVCacheUtilizationScorer,
     LatencyScorer,

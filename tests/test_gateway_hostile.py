@@ -13,7 +13,7 @@ import orjson
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
-from epp_client.inflight import InFlightTracker
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from fake_engine import ADMIN, ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway

@@ -134,7 +134,7 @@ class _HoldTwice:
 def test_a_held_request_waits_at_the_gateway_and_is_scheduled_again(engines):
     from epp_client.framework.profile import SchedulingProfile
     from epp_client.framework.scheduler import Scheduler
-    from epp_client.inflight import InFlightTracker
+    from epp_client.plugins.producer.inflight_load import InFlightTracker
 
     engines[0].state.token_delay = 0.0
     before = engines[0].state.completed

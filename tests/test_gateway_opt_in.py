@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from epp_client.framework.loader import build_scheduler
-from epp_client.plugins.opt_in import with_opt_in
+from epp_client.plugins.handler.opt_in import with_opt_in
 from epp_client.profiles import RECOMMENDED_CONFIG
 from epp_client.training import ListSink
 from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from epp_client.heuristics import LeastLoadScheduler
-from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway

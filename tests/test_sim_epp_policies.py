@@ -163,7 +163,7 @@ def test_predicted_runs_the_recommended_profile_and_predicted_llmd_the_llmd_conf
 
 def test_opt_in_share_0_is_the_heuristic_and_share_1_the_predicted_policy(tmp_path):
     predicted_deps("training_server.worker")
-    from epp_client.plugins.opt_in import with_opt_in
+    from epp_client.plugins.handler.opt_in import with_opt_in
     from epp_client.profiles import RECOMMENDED_CONFIG
 
     kw = {"limit": 150, "load": 0.8, "retrain_interval_s": 20.0}

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from epp_client.plugins.harm import DecodeHarmFilter, Outcome, TwinEngine
+from epp_client.engine.model import Outcome
+from epp_client.engine.twin import TwinEngine
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
 from epp_client.profiles import config_text
 from epp_client.types import Endpoint
 from load import simulate_cli

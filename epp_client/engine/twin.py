@@ -23,6 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from epp_client.engine.model import Outcome
+from epp_client.types import Endpoint, InferenceRequest
+
 
 class Running(NamedTuple):
     """A request the router has running on an endpoint, as the twin sees it."""
@@ -57,12 +60,6 @@ class StepModel:
         t = (self.fixed_ms + self.per_token_ms * tokens + self.per_context_token_ms * context
              + (self.decode_ms if decodes else 0.0) + self.per_prefill_pair_ms * pairs)
         return max(t, 0.1) / self.speed
-
-
-class Outcome(NamedTuple):
-    harm: int               # running requests over their TPOT SLO with the request and not without
-    ttft_ms: float          # the request's first token, from now (inf: not within max_steps)
-    tpot_ms: float          # its TPOT over the probe steps
 
 
 def _over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int) -> int:
@@ -214,3 +211,18 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
         return Outcome(0, tf, tpot)
     _run(model, budget, fork, until_ms=t, max_steps=max_steps)
     return Outcome(max(0, with_it - _over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)
+
+
+class TwinEngine:
+    """The plugins' own engine model: the engine twin (:func:`epp_client.engine.twin.placement`) over
+    the endpoint's running requests, with the configured step model and token budget."""
+
+    def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
+        self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
+
+    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
+        pred = endpoint.prediction
+        if pred is None:
+            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
+        return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
+                         self.max_steps)

@@ -12,7 +12,7 @@ policy through these calls, with real or simulated time::
     lc.on_chunk(request.request_id, now, tokens)        # later chunks (optional)
     lc.on_complete(request.request_id, now, status=..., aborted=..., output_tokens=...)
 
-``inflight`` is the lifecycle's :class:`~epp_client.inflight.InFlightTracker`, the one
+``inflight`` is the lifecycle's :class:`~epp_client.plugins.producer.inflight_load.InFlightTracker`, the one
 count of the requests and uncached prompt tokens it has in flight per endpoint.
 Implementations: :class:`~epp_client.framework.scheduler.Scheduler` (the EPP plugins) and the
 heuristics of :mod:`epp_client.heuristics` (random, round-robin, least-requests, the

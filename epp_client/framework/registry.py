@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 from epp_client.framework.params import describe
 from epp_client.framework.protocols import ROLES
 
-#: Packages whose every module is searched for plugins.
+#: Packages whose every module (sub-packages included) is searched for plugins.
 PACKAGES = ("epp_client.plugins",)
-#: Single modules outside them: the in-flight accounting lives beside the scheduler.
-MODULES = ("epp_client.inflight",)
+#: Single modules outside them.
+MODULES: tuple[str, ...] = ()
 
 _C = TypeVar("_C", bound=type)
 
@@ -63,7 +63,7 @@ def _modules(packages: Iterable[str], modules: Iterable[str]) -> Iterator[Module
     for name in packages:
         pkg = importlib.import_module(name)
         yield pkg
-        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             yield importlib.import_module(info.name)
     for name in modules:
         yield importlib.import_module(name)

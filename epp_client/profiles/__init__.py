@@ -10,7 +10,7 @@ Each is a plain YAML file, ``epp_client/profiles/<name>.yaml`` (with ``helm-refe
 Helm chart's wiring, ``REFERENCE_CONFIG``); why a profile is wired as it is lives in
 docs/plugins.md B2.8.
 :func:`config_text` turns a name or a file path into YAML text
-(:func:`epp_client.plugins.opt_in.with_opt_in` makes the opt-in variant of a predicted config).
+(:func:`epp_client.plugins.handler.opt_in.with_opt_in` makes the opt-in variant of a predicted config).
 """
 from __future__ import annotations
 

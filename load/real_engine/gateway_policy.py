@@ -18,8 +18,8 @@ import os
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
-from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.predictor import PredictorClient
 from epp_client.training import TrainingReporter
 from gateway.app import build_app

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest
-from epp_client.plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
-from epp_client.plugins.opt_in import OPT_IN_HEADER
-from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.handler.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from epp_client.plugins.handler.opt_in import OPT_IN_HEADER
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 
 from .engine import DEFERRED
 from .request import SimRequest

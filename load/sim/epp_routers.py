@@ -20,10 +20,10 @@ from typing import Any
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile, default_profile
 from epp_client.framework.scheduler import Scheduler
-from epp_client.inflight import InFlightTracker
 from epp_client.plugins import InFlightTokenScorer, LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
-from epp_client.plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
-from epp_client.plugins.opt_in import with_opt_in
+from epp_client.plugins.handler.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from epp_client.plugins.handler.opt_in import with_opt_in
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG
 from features.scoring import pinball_loss
 

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 
 from epp_client.framework.loader import build_scheduler
-from epp_client.plugins.roles import ROLE_LABEL
+from epp_client.plugins.filter.role import ROLE_LABEL
 
 from . import workloads as W
 from .driver import LifecycleRouter

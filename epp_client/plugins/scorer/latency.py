@@ -1,16 +1,12 @@
-"""Scorers (B2.4, B4.1-B4.3): ``score(request, endpoints) -> {name: raw score}``.
-
-The profile clamps each raw score to [0, 1] and multiplies it by the scorer weight.
-"""
+"""``latency-scorer`` (B2.4): score by predicted latency headroom; the composite fallback (B1.9) without predictions."""
 from __future__ import annotations
 
 import math
 
-from epp_client.framework.params import Plugin, gt, one_of, param, within
+from epp_client.framework.params import Plugin, one_of, param
 from epp_client.framework.protocols import Scorer
 from epp_client.framework.registry import plugin
-from epp_client.plugins.lora_history import LoraRequestHistory
-from epp_client.types import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, LatencyPrediction
+from epp_client.types import Endpoint, InferenceRequest, LatencyPrediction
 
 _EPS = 1e-9
 
@@ -162,134 +158,3 @@ class LatencyScorer(Plugin):
         for (e, _), c in zip(bucket, cs):
             n = (c - lo) / (hi - lo) if hi - lo > _EPS else 0.5
             scores[e.name] = (int(n * 100) + 1) / 100
-
-
-@plugin("queue-scorer", Scorer)
-class QueueScorer(Plugin):
-    """``queue-scorer``: (maxQ - q) / (maxQ - minQ) over waiting queues; 1.0 when all equal."""
-
-    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        qs = [e.metrics.waiting_queue_size if e.metrics is not None else 0 for e in endpoints]
-        if not qs:
-            return {}
-        lo, hi = min(qs), max(qs)
-        if hi == lo:
-            return {e.name: 1.0 for e in endpoints}
-        return {e.name: (hi - q) / (hi - lo) for e, q in zip(endpoints, qs)}
-
-
-@plugin("kv-cache-utilization-scorer", Scorer)
-class KVCacheUtilizationScorer(Plugin):
-    """``kv-cache-utilization-scorer``: 1 - KV-cache usage (a fraction)."""
-
-    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        return {e.name: 1.0 - (e.metrics.kv_cache_usage if e.metrics is not None else 0.0) for e in endpoints}
-
-
-@plugin("prefix-cache-scorer", Scorer)
-class PrefixCacheScorer(Plugin):
-    """``prefix-cache-scorer``: w·min(1, matched tokens / scale)² + (1 - w)·match/total."""
-
-    match_length_weight: float = param("matchLengthWeight", default=0.0, check=within(0.0, 1.0),
-                                       doc="weight w of the matched length against the matched fraction")
-    match_length_scale_tokens: float = param("matchLengthScaleTokens", default=8192.0,
-                                             doc="matched tokens that score a full length (> 0 when w > 0)")
-
-    def setup(self) -> None:
-        if self.match_length_weight > 0 and self.match_length_scale_tokens <= 0:
-            raise ConfigError(f"{self.TYPE}.matchLengthScaleTokens",
-                              f"must be > 0 when matchLengthWeight > 0, got {self.match_length_scale_tokens!r}")
-
-    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        w = self.match_length_weight
-        out = {}
-        for e in endpoints:
-            pm = e.prefix_match
-            if pm is None or pm.total_blocks <= 0:
-                out[e.name] = 0.0
-                continue
-            ratio = pm.match_blocks / pm.total_blocks
-            if w > 0:
-                length = min(1.0, pm.match_blocks * pm.block_size_tokens / self.match_length_scale_tokens)
-                out[e.name] = w * length * length + (1 - w) * ratio
-            else:
-                out[e.name] = ratio
-        return out
-
-
-def lora_affinity(target: str, m: EndpointMetrics | None) -> float:
-    """The metric-only LoRA affinity of ``target`` on an endpoint: 1.0 active, 0.8 spare adapter
-    capacity, 0.6 waiting, else 0 (also without metrics)."""
-    if m is None:
-        return 0.0
-    if target in m.active_lora_adapters:
-        return 1.0
-    if len(m.active_lora_adapters) + len(m.waiting_lora_adapters) < m.max_active_lora:
-        return 0.8
-    return 0.6 if target in m.waiting_lora_adapters else 0.0
-
-
-@plugin("lora-affinity-scorer", Scorer)
-class LoraAffinityScorer(Plugin):
-    """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0.
-
-    With ``requestHistory: true`` it also remembers what this router sent where
-    (:class:`~epp_client.plugins.lora_history.LoraRequestHistory`, driven by the
-    scheduler's lifecycle) and scores the same rules over the running adapters completed
-    by the history (scraped running ∪ adapters with a history count > 0), with one more
-    tier: 1.0 if the adapter is running or in flight there; else 0.9 if |running ∪
-    history| + |waiting| < ``max_lora`` and the adapter is among the last ``max_lora``
-    this router sent there (probably still loaded); else 0.8 if that sum is < ``max_lora``;
-    else 0.6 if the adapter is waiting there; else 0. Requests without an adapter score
-    1.0 everywhere. The history is reconciled with the scraped metrics every
-    ``reconcileIntervalSeconds``.
-    """
-
-    request_history: bool = param("requestHistory", default=False, doc="also count what this router sent where")
-    reconcile_interval_seconds: float = param("reconcileIntervalSeconds", default=1.0, check=gt(0.0),
-                                              doc="how often the history is reconciled with the metrics")
-
-    def setup(self) -> None:
-        self.history = LoraRequestHistory(self.reconcile_interval_seconds) if self.request_history else None
-
-    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        if self.history is not None:
-            return self._score_with_history(self.history, request, endpoints)
-        return {e.name: lora_affinity(request.target_model, e.metrics) for e in endpoints}
-
-    def _score_with_history(self, history: LoraRequestHistory, request: InferenceRequest,
-                            endpoints: list[Endpoint]) -> dict[str, float]:
-        target = request.target_model
-        if not target:
-            return {e.name: 1.0 for e in endpoints}
-        out = {}
-        for e in endpoints:
-            m = e.metrics
-            running = m.active_lora_adapters if m is not None else frozenset()
-            waiting = m.waiting_lora_adapters if m is not None else frozenset()
-            max_lora = m.max_active_lora if m is not None else 0
-            active = running | history.adapters(e.name)
-            if target in active:
-                out[e.name] = 1.0
-            elif len(active) + len(waiting) < max_lora:
-                out[e.name] = 0.9 if target in history.recent(e.name, max_lora) else 0.8
-            elif target in waiting:
-                out[e.name] = 0.6
-            else:
-                out[e.name] = 0.0
-        return out
-
-    # -- request lifecycle (called by the scheduler; no-ops without history) --------------
-    def observe(self, endpoints: list[Endpoint], now: float) -> None:
-        """Before each scheduling decision, with every candidate: the periodic reconcile."""
-        if self.history is not None:
-            self.history.maybe_reconcile(endpoints, now)
-
-    def pre_request(self, request: InferenceRequest, target: Endpoint) -> None:
-        if self.history is not None:
-            self.history.dispatched(request.request_id, target.name, request.target_model)
-
-    def on_complete(self, request_id: str) -> None:
-        """Completion and abort alike: -1, floored at 0."""
-        if self.history is not None:
-            self.history.released(request_id)

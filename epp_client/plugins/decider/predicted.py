@@ -54,8 +54,9 @@ from collections.abc import Callable
 from epp_client.framework.params import ge, gt, param
 from epp_client.framework.protocols import PDDecider
 from epp_client.framework.registry import plugin
-from epp_client.plugins.deciders import _Decider
-from epp_client.plugins.roles import DecodeFilter, PrefillFilter
+from epp_client.plugins.decider.base import DeciderBase
+from epp_client.plugins.filter.decode import DecodeFilter
+from epp_client.plugins.filter.prefill import PrefillFilter
 from epp_client.types import Endpoint, InferenceRequest
 
 _PREFILL = PrefillFilter()
@@ -68,7 +69,7 @@ def kv_transfer_ms(tokens: int, kv_bytes_per_token: float, bandwidth_gbps: float
 
 
 @plugin("predicted-pd-decider", PDDecider)
-class PredictedPDDecider(_Decider):
+class PredictedPDDecider(DeciderBase):
     """``predicted-pd-decider``: disaggregate when the predictions say it pays."""
 
     kv_bytes_per_token: float = param("kvBytesPerToken", default=131072.0, check=gt(0.0),

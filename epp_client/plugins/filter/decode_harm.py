@@ -42,16 +42,17 @@ prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 with
 """
 from __future__ import annotations
 
-from typing import Protocol
-
-from epp_client.engine.twin import Outcome, StepModel, placement
+from epp_client.engine.model import EngineModel, Outcome
+from epp_client.engine.twin import StepModel, TwinEngine
 from epp_client.framework.params import Plugin, ge, gt, param, within
-from epp_client.framework.protocols import Filter, Scorer
+from epp_client.framework.protocols import Filter
 from epp_client.framework.registry import plugin
-from epp_client.plugins.scorers import lora_affinity
+from epp_client.plugins.scorer.lora_affinity import lora_affinity
 from epp_client.types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
 
 _STEP = StepModel()
+
+
 _FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
 
 
@@ -60,29 +61,6 @@ def _loads_an_adapter(target: str, e: Endpoint) -> bool:
     there waits for the adapter to load, and may swap out one that others use."""
     m = e.metrics
     return bool(target) and m is not None and m.max_active_lora > 0 and lora_affinity(target, m) < 1.0
-
-
-class EngineModel(Protocol):
-    """What the decode-harm plugins know of an engine: the outcome of placing ``request`` (its
-    ``prompt`` tokens, ``cached`` of them in the endpoint's prefix cache) on ``endpoint``, which
-    has a prediction (the requests this router has running there)."""
-
-    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome: ...
-
-
-class TwinEngine:
-    """The plugins' own engine model: the engine twin (:func:`epp_client.engine.twin.placement`) over
-    the endpoint's running requests, with the configured step model and token budget."""
-
-    def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
-        self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
-
-    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
-        pred = endpoint.prediction
-        if pred is None:
-            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
-        return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
-                         self.max_steps)
 
 
 class DecodeHarmCount(Plugin):
@@ -216,12 +194,3 @@ class DecodeHarmFilter(DecodeHarmCount):
         if slo - min(o.ttft_ms for _, o in kept) > self.hold_slack_ms + self.hold_retry_ms:
             self.holds += 1
             raise HoldRequest(self.hold_retry_ms / 1000.0)
-
-
-@plugin("decode-harm-scorer", Scorer)
-class DecodeHarmScorer(DecodeHarmCount):
-    """``decode-harm-scorer``: the filter's count as a score, 1 / (1 + count); 0 without a prediction."""
-
-    def score(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        counts = self.scores(request, endpoints)
-        return {e.name: 1.0 / (1.0 + counts[e.name]) if e.name in counts else 0.0 for e in endpoints}

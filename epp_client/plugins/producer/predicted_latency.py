@@ -38,7 +38,7 @@ from epp_client.engine.twin import Running
 from epp_client.framework.params import Plugin, gt, param
 from epp_client.framework.protocols import Producer
 from epp_client.framework.registry import plugin
-from epp_client.plugins.producer_state import RequestContext, RunningQueue
+from epp_client.plugins.producer.request_state import RequestContext, RunningQueue
 from epp_client.predictor import BulkPrediction
 from epp_client.types import PREFILL_PROFILE, Endpoint, InferenceRequest, LatencyPrediction, uncached_prompt_tokens
 

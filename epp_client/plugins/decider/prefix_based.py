@@ -1,42 +1,16 @@
-"""P/D deciders (B4.7): ``disaggregate(request, decode_endpoint, candidates) -> bool``,
-asked by ``disagg-profile-handler`` (decode-first order) after the decode pick whether
-to run the prefill profile. ``candidates`` (every candidate of the request, with the
-producer's predictions) is for deciders that compare pools; the upstream ones ignore it.
-Each decider counts its answers in ``decisions`` ({"yes": n, "no": n})."""
+"""``prefix-based-pd-decider`` (B4.7): run the prefill stage when enough of the prompt is not
+cached on the decode pick."""
 from __future__ import annotations
 
-from collections import Counter
-
-from epp_client.framework.params import Plugin, ge, param
+from epp_client.framework.params import ge, param
 from epp_client.framework.protocols import PDDecider
 from epp_client.framework.registry import plugin
+from epp_client.plugins.decider.base import DeciderBase
 from epp_client.types import Endpoint, InferenceRequest
 
 
-class _Decider(Plugin):
-    def setup(self) -> None:
-        self.decisions: Counter = Counter()
-
-    def disaggregate(self, request: InferenceRequest, endpoint: Endpoint | None,
-                     candidates: list[Endpoint] | None = None) -> bool:
-        yes = bool(self._decide(request, endpoint, candidates or []))
-        self.decisions["yes" if yes else "no"] += 1
-        return yes
-
-    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
-        raise NotImplementedError
-
-
-@plugin("always-disagg-pd-decider", PDDecider)
-class AlwaysDisaggPDDecider(_Decider):
-    """``always-disagg-pd-decider``: always yes."""
-
-    def _decide(self, request: InferenceRequest, endpoint: Endpoint | None, candidates: list[Endpoint]) -> bool:
-        return True
-
-
 @plugin("prefix-based-pd-decider", PDDecider)
-class PrefixBasedPDDecider(_Decider):
+class PrefixBasedPDDecider(DeciderBase):
     """``prefix-based-pd-decider``: yes iff the prompt is at least ``prompt_tokens`` long
     (0 = no gate) and its part not cached on the decode endpoint is at least
     ``non_cached_tokens``; ``non_cached_tokens = 0`` (the default) never disaggregates,

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from epp_client.framework.params import Plugin, gt, one_of, param
 from epp_client.framework.protocols import PrefixProducer
 from epp_client.framework.registry import plugin
-from epp_client.plugins.prefix_lru import GenerationLRU
+from epp_client.plugins.producer.prefix_lru import GenerationLRU
 from epp_client.types import Endpoint, EndpointMetrics, PrefixMatch
 
 

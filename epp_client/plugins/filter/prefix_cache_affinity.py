@@ -1,5 +1,5 @@
-"""Filters (B2.2, B2.3): ``filter(request, endpoints) -> list[Endpoint]``, order preserved,
-never empty for a non-empty input."""
+"""``prefix-cache-affinity-filter`` (B2.2): keep the endpoints that have the prompt cached,
+unless that costs too much TTFT."""
 from __future__ import annotations
 
 import random
@@ -68,38 +68,3 @@ class PrefixCacheAffinityFilter(Plugin):
             if best_s - best_n > self.max_ttft_penalty_ms:
                 return endpoints
         return sticky
-
-
-@plugin("slo-headroom-tier-filter", Filter)
-class SloHeadroomTierFilter(Plugin):
-    """``slo-headroom-tier-filter``: keep the tier with non-negative TTFT and TPOT headroom;
-    with probability ``epsilon_explore_neg`` keep the negative tier instead. Endpoints
-    without a prediction join the negative tier; if nobody has one, keep all."""
-
-    epsilon_explore_neg: float = param("epsilonExploreNeg", default=0.01, check=within(0.0, 1.0),
-                                       doc="probability of keeping the negative tier instead")
-    latency_prediction_info_producer_name: str = param("latencyPredictionInfoProducerName", default="", ignored=True)
-    rng: random.Random = field(default_factory=random.Random)
-
-    def setup(self) -> None:
-        self.rng = self.rng or random.Random()
-
-    def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        if len(endpoints) <= 1:
-            return endpoints
-        positive, negative, missing = [], [], []
-        for e in endpoints:
-            p = e.prediction
-            if p is None:
-                missing.append(e)
-            elif p.ttft_headroom_ms >= 0 and p.tpot_headroom_ms >= 0:
-                positive.append(e)
-            else:
-                negative.append(e)
-        if not positive and not negative:
-            return endpoints
-        if missing:
-            negative = negative + missing  # appended, as upstream does
-        if positive and negative:
-            return negative if self.rng.random() < self.epsilon_explore_neg else positive
-        return positive or negative

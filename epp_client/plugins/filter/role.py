@@ -1,28 +1,40 @@
 """Role filters (B4.7): keep the endpoints whose ``llm-d.ai/role`` label names a role
 that can run the stage. Unlike the predicted-latency filters these may return an empty
-list (no endpoint of that role): the profile then fails, as upstream."""
+list (no endpoint of that role): the profile then fails, as upstream.
+"""
 from __future__ import annotations
 
 from typing import ClassVar
 
 from epp_client.framework.params import Plugin
-from epp_client.framework.protocols import Filter
-from epp_client.framework.registry import plugin
 from epp_client.types import Endpoint, InferenceRequest
 
 ROLE_LABEL = "llm-d.ai/role"
 
+
 #: Upstream role label values.
 ROLE_DECODE = "decode"
+
+
 ROLE_PREFILL = "prefill"
+
+
 ROLE_ENCODE = "encode"
+
+
 ROLE_PREFILL_DECODE = "prefill-decode"
+
+
 ROLE_ENCODE_PREFILL = "encode-prefill"
+
+
 ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
+
+
 ROLE_BOTH = "both"  # deprecated alias of prefill-decode
 
 
-class _RoleFilter(Plugin):
+class RoleFilter(Plugin):
     ROLES: ClassVar[frozenset[str]] = frozenset()
     ACCEPT_UNLABELLED: ClassVar[bool] = False
 
@@ -34,26 +46,3 @@ class _RoleFilter(Plugin):
 
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         return [e for e in endpoints if self.accepts(e)]
-
-
-@plugin("decode-filter", Filter)
-class DecodeFilter(_RoleFilter):
-    """``decode-filter``: decode, prefill-decode, both, encode-prefill-decode, or no label."""
-
-    ROLES = frozenset({ROLE_DECODE, ROLE_PREFILL_DECODE, ROLE_BOTH, ROLE_ENCODE_PREFILL_DECODE})
-    ACCEPT_UNLABELLED = True
-
-
-@plugin("prefill-filter", Filter)
-class PrefillFilter(_RoleFilter):
-    """``prefill-filter``: prefill, encode-prefill, prefill-decode, both, encode-prefill-decode."""
-
-    ROLES = frozenset({ROLE_PREFILL, ROLE_ENCODE_PREFILL, ROLE_PREFILL_DECODE, ROLE_BOTH,
-                       ROLE_ENCODE_PREFILL_DECODE})
-
-
-@plugin("encode-filter", Filter)
-class EncodeFilter(_RoleFilter):
-    """``encode-filter``: encode, encode-prefill, encode-prefill-decode."""
-
-    ROLES = frozenset({ROLE_ENCODE, ROLE_ENCODE_PREFILL, ROLE_ENCODE_PREFILL_DECODE})
