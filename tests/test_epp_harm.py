@@ -24,7 +24,7 @@ def _endpoint(name, running, matched_blocks=0):
     return Endpoint(name=name, metrics=EndpointMetrics(0.3, 0, len(running)),
                     prefix_match=PrefixMatch(matched_blocks, 64, block_size_tokens=64),
                     prediction=LatencyPrediction(900.0, 40.0, 4_100.0, 60.0, True, True, len(running),
-                                                 decoding=tuple(running)))
+                                                 decoding=lambda: tuple(running)))
 
 
 def _request(tokens=4096, ttft_slo=5000, tpot_slo=100):

@@ -1,9 +1,11 @@
 """Per-request state of the ``predicted-latency-producer``: the running-request queue per
-endpoint ordered by TPOT SLO (B1.8) and one request's scheduling-to-completion context."""
+endpoint ordered by TPOT SLO (B1.8), one request's scheduling-to-completion context and the
+contexts kept, with their expiry."""
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import OrderedDict
 
 
 class RunningQueue:
@@ -87,3 +89,48 @@ class RequestContext:
         self.tokens_known = True
         self.touched = 0.0
         self.uncached = input_tokens   # prompt tokens to prefill on the target (set at dispatch)
+
+
+class ContextCache:
+    """The producer's request contexts, oldest first: an entry lives ``ttl`` seconds after its
+    last use (touch on read), at most ``max_contexts`` of them; dropping one also removes its
+    entry of the running queue."""
+
+    def __init__(self, running: RunningQueue, ttl: float, max_contexts: int) -> None:
+        self.running, self.ttl, self.max_contexts = running, ttl, max_contexts
+        self.contexts: OrderedDict[str, RequestContext] = OrderedDict()
+        self.expired = 0
+
+    def _expire(self, now: float) -> None:
+        ctxs = self.contexts
+        while ctxs:
+            rid, ctx = next(iter(ctxs.items()))
+            if now - ctx.touched < self.ttl and len(ctxs) <= self.max_contexts:
+                break
+            ctxs.popitem(last=False)
+            self.running.remove(rid)  # expiry also removes the running-queue entry
+            self.expired += 1
+
+    def get(self, request_id: str, now: float) -> RequestContext | None:
+        self._expire(now)
+        ctx = self.contexts.get(request_id)
+        if ctx is not None:
+            ctx.touched = now
+            self.contexts.move_to_end(request_id)
+        return ctx
+
+    def store(self, ctx: RequestContext, now: float) -> None:
+        ctx.touched = now
+        self.contexts[ctx.request_id] = ctx
+        self.contexts.move_to_end(ctx.request_id)
+        self._expire(now)
+
+    def discard(self, request_id: str) -> bool:
+        """Forget a request; False if it was not kept."""
+        if self.contexts.pop(request_id, None) is None:
+            return False
+        self.running.remove(request_id)
+        return True
+
+    def __len__(self) -> int:
+        return len(self.contexts)
