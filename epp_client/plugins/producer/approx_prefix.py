@@ -123,11 +123,6 @@ class ApproxPrefixProducer(Plugin):
             lru = self._lru[endpoint] = GenerationLRU(cap)
             lru.record(old.order()[-cap:])
 
-    def forget(self, endpoint: str) -> None:
-        """Drop an endpoint's entries (e.g. the engine restarted and lost its cache)."""
-        with self._lock:
-            self._lru.pop(endpoint, None)
-
     def size(self, endpoint: str) -> int:
         with self._lock:
             return len(self._lru.get(endpoint, ()))
