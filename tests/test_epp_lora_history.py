@@ -38,8 +38,8 @@ def test_history_rule_active_running_or_in_flight_scores_one_whatever_the_queue(
     eps = [ep("scraped", running={"sql"}), ep("sent", running={"x"}),
            ep("active-and-waiting", running={"sql"}, waiting={"sql", "y"}),
            ep("sent-to-full", running={"a", "b", "c", "d"}, waiting={"e"})]
-    s.pre_request(req(rid="a"), eps[1])  # history count > 0 makes it active before any scrape
-    s.pre_request(req(rid="b"), eps[3])
+    s.pre_request(req(rid="a"), {"default": eps[1]})  # history count > 0 makes it active before any scrape
+    s.pre_request(req(rid="b"), {"default": eps[3]})
     # vLLM reports an adapter as waiting whenever one of its requests is queued: that does
     # not take "active here" away (the first history rule did, and spread adapters out)
     assert s.score(req(), eps) == {"scraped": 1.0, "sent": 1.0, "active-and-waiting": 1.0, "sent-to-full": 1.0}
@@ -49,8 +49,8 @@ def test_history_rule_spare_slot_counts_history_as_running():
     s = hist_scorer()
     spare = ep("spare", running={"a"}, max_lora=3)            # |{a, b}| + 0 = 2 < 3
     full = ep("full", running={"a"}, max_lora=2)              # |{a, b}| + 0 = 2, not < 2
-    s.pre_request(req("b", "1"), spare)
-    s.pre_request(req("b", "2"), full)
+    s.pre_request(req("b", "1"), {"default": spare})
+    s.pre_request(req("b", "2"), {"default": full})
     assert s.score(req("sql"), [spare, full]) == {"spare": 0.8, "full": 0.0}
     # the metric-only scorer sees 1 < 2 on "full": the history is what fills the slot
     assert LoraAffinityScorer().score(req("sql"), [full]) == {"full": 0.8}
@@ -69,12 +69,12 @@ def test_history_rule_recently_sent_adapter_with_a_spare_slot_scores_0_9():
     s = hist_scorer()
     warm, cold, full = ep("warm", running={"a"}), ep("cold", running={"a"}), ep("full", running={"a", "b", "c", "d"})
     for e in (warm, full):
-        s.pre_request(req("sql", f"old-{e.name}"), e)
+        s.pre_request(req("sql", f"old-{e.name}"), {"default": e})
         s.on_complete(f"old-{e.name}")       # finished: no count, but probably still loaded there
     assert s.history.count("warm", "sql") == 0 and s.history.recent("warm", 4) == {"sql"}
     assert s.score(req(), [warm, cold, full]) == {"warm": 0.9, "cold": 0.8, "full": 0.0}
     for i, other in enumerate(("p", "q", "r", "s")):   # four other adapters sent since: evicted by now
-        s.pre_request(req(other, f"n{i}"), warm)
+        s.pre_request(req(other, f"n{i}"), {"default": warm})
         s.on_complete(f"n{i}")
     assert s.score(req(), [warm]) == {"warm": 0.8}
 

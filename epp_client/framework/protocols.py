@@ -7,7 +7,7 @@ methods, and the config builder places each plugin by its declared role.
 - :class:`Producer`: before scheduling, writes ``Endpoint.prediction`` on every
   candidate; follows each request through its lifecycle (training samples).
 - :class:`InFlightLoadProducer`: the router's own count of what it dispatched where
-  (``Endpoint.inflight``).
+  (``Endpoint.inflight``), kept by the lifecycle hooks.
 - :class:`Admitter`: may refuse a request before any profile runs.
 - :class:`Filter`: keeps a sub-list of the candidates, in order.
 - :class:`Scorer`: a raw score per endpoint name (the profile clamps it to [0, 1] and
@@ -31,13 +31,15 @@ from epp_client.types import Admission, Endpoint, InferenceRequest, InFlightLoad
 
 
 @runtime_checkable
-class Producer(Protocol):
-    def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None: ...
+class RequestHooks(Protocol):
+    """The request lifecycle as a plugin follows it, after the pick: ``pre_request`` at dispatch
+    (``picks``: profile name -> that profile's endpoint, the primary profile first), the body
+    chunks, the end (aborts included), or ``discard`` for a request never dispatched (denied,
+    dropped, held). The scheduler calls these on the in-flight accounting, on every profile
+    plugin that has them, then on the producer; :class:`RequestHooksBase` gives no-ops."""
 
-    async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint],
-                       now: float | None = None) -> None: ...
-
-    def pre_request(self, request: InferenceRequest, picks: Any, now: float | None = None) -> None: ...
+    def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
+        ...
 
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None: ...
 
@@ -49,17 +51,44 @@ class Producer(Protocol):
     def discard(self, request_id: str) -> None: ...
 
 
+class RequestHooksBase:
+    """No-op :class:`RequestHooks`, for a plugin to override the hooks it needs."""
+
+    def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
+        return None
+
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        return None
+
+    def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
+        return None
+
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200,
+                    aborted: bool = False, output_tokens: int | None = None) -> None:
+        return None
+
+    def discard(self, request_id: str) -> None:
+        return None
+
+
 @runtime_checkable
-class InFlightLoadProducer(Protocol):
+class Producer(RequestHooks, Protocol):
+    """Before scheduling, writes ``Endpoint.prediction`` on every candidate; follows each
+    request through its lifecycle (:class:`RequestHooks`)."""
+
+    def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None: ...
+
+    async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint],
+                       now: float | None = None) -> None: ...
+
+
+@runtime_checkable
+class InFlightLoadProducer(RequestHooks, Protocol):
+    """The router's own count of what it dispatched where, kept by the lifecycle hooks."""
+
     def load(self, name: str) -> InFlightLoad: ...
 
     def snapshot(self, name: str) -> InFlightLoad: ...
-
-    def pre_request(self, request: InferenceRequest, picks: dict[str, Endpoint]) -> None: ...
-
-    def on_first_chunk(self, request_id: str) -> None: ...
-
-    def on_complete(self, request_id: str) -> None: ...
 
 
 @runtime_checkable
@@ -112,17 +141,6 @@ class ProfileHandler(Protocol):
     def decision(self, request: InferenceRequest, results: Mapping[str, Any]) -> str: ...
 
     def headers(self, profile_results: Mapping[str, Any]) -> dict[str, str | None]: ...
-
-
-@runtime_checkable
-class LifecycleObserver(Protocol):
-    """Optional for filters and scorers that keep per-request state."""
-
-    def observe(self, endpoints: list[Endpoint], now: float) -> None: ...
-
-    def pre_request(self, request: InferenceRequest, target: Endpoint) -> None: ...
-
-    def on_complete(self, request_id: str) -> None: ...
 
 
 #: Every role, in the order the docs list them.

@@ -33,7 +33,9 @@ class Registration:
 
 
 def _role_methods(role: type) -> list[str]:
-    return [n for n, v in vars(role).items() if not n.startswith("_") and callable(v)]
+    """The methods of a role protocol, those of the protocols it extends included."""
+    return [n for base in role.__mro__ if base.__module__ == role.__module__
+            for n, v in vars(base).items() if not n.startswith("_") and callable(v)]
 
 
 def plugin(type_name: str, role: type) -> Callable[[_C], _C]:

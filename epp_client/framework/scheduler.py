@@ -50,7 +50,7 @@ from typing import Any
 
 from epp_client.framework.lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
 from epp_client.framework.profile import SchedulingProfile, default_profile
-from epp_client.framework.protocols import InFlightLoadProducer, LifecycleObserver, Producer
+from epp_client.framework.protocols import InFlightLoadProducer, Producer, RequestHooks
 from epp_client.types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,18 @@ class Scheduler:
         self.producer_timeout_s = producer_timeout_s
         self.producer_errors = 0
         self.held = 0           # scheduling attempts a filter answered with a hold (HoldRequest)
-        # profile plugins with request-lifecycle hooks (observe / pre_request / on_complete),
-        # e.g. lora-affinity-scorer with request history; each once even if shared by profiles
-        hooks: dict[int, Any] = {}
+        # profile plugins with the request hooks (RequestHooks), e.g. lora-affinity-scorer with
+        # request history; each once even if shared by profiles
+        found: dict[int, Any] = {}
         for p in self.profiles:
             for plugin in (*p.filters, *(s for s, _ in p.scorers)):
-                if isinstance(plugin, LifecycleObserver):
-                    hooks.setdefault(id(plugin), plugin)
-        self.lifecycle_plugins = list(hooks.values())
+                if isinstance(plugin, RequestHooks):
+                    found.setdefault(id(plugin), plugin)
+        self.lifecycle_plugins = list(found.values())
+        #: profile plugins that look at every candidate before the profiles run (``observe``)
+        self.observers = [p for p in self.lifecycle_plugins if callable(getattr(p, "observe", None))]
+        #: every plugin following the request lifecycle, in call order
+        self.hooks: list[RequestHooks] = [h for h in (inflight, *self.lifecycle_plugins, producer) if h is not None]
 
     # -- scheduling ----------------------------------------------------------------------
     def _prepare(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
@@ -103,9 +107,9 @@ class Scheduler:
     def _finish(self, request: InferenceRequest, candidates: list[Endpoint], now: float | None) -> SchedulingResult:
         if not candidates:
             return SchedulingResult(request.request_id, [], {}, ADMITTED, status=503, reason="rejected-no-endpoints")
-        if self.lifecycle_plugins:
+        if self.observers:
             t = time.monotonic() if now is None else now
-            for plugin in self.lifecycle_plugins:
+            for plugin in self.observers:
                 plugin.observe(candidates, t)
         admission = ADMITTED
         handler = self.profile_handler
@@ -140,8 +144,8 @@ class Scheduler:
                                 decision=decision)
 
     def _discard(self, request: InferenceRequest) -> None:
-        if self.producer is not None:
-            self.producer.discard(request.request_id)
+        for h in self.hooks:
+            h.discard(request.request_id)
 
     def _producer_failed(self, candidates: list[Endpoint]) -> None:
         # the director logs a producer error (or timeout) and goes on; nothing is published
@@ -185,14 +189,8 @@ class Scheduler:
         if self.primary_profile in picks:  # primary first
             picks = {self.primary_profile: picks[self.primary_profile],
                      **{k: v for k, v in picks.items() if k != self.primary_profile}}
-        if self.inflight is not None:
-            self.inflight.pre_request(request, picks)
-        if self.lifecycle_plugins:
-            target = next(iter(picks.values()))
-            for plugin in self.lifecycle_plugins:
-                plugin.pre_request(request, target)
-        if self.producer is not None:
-            self.producer.pre_request(request, picks, now)
+        for h in self.hooks:
+            h.pre_request(request, picks, now)
         self.apply_stage_headers(request.headers, result)
 
     def apply_stage_headers(self, headers: dict, result: Any) -> None:
@@ -206,21 +204,14 @@ class Scheduler:
                 headers[name] = value
 
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
-        if self.inflight is not None:
-            self.inflight.on_first_chunk(request_id)
-        if self.producer is not None:
-            self.producer.on_first_chunk(request_id, now, tokens)
+        for h in self.hooks:
+            h.on_first_chunk(request_id, now, tokens)
 
     def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
-        if self.producer is not None:
-            self.producer.on_chunk(request_id, now, tokens)
+        for h in self.hooks:
+            h.on_chunk(request_id, now, tokens)
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
                     output_tokens: int | None = None) -> None:
-        if self.inflight is not None:
-            self.inflight.on_complete(request_id)
-        for plugin in self.lifecycle_plugins:
-            plugin.on_complete(request_id)
-        if self.producer is not None:
-            self.producer.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
-
+        for h in self.hooks:
+            h.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)

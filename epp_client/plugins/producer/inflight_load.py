@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from epp_client.framework.params import Plugin, ge, gt, param
-from epp_client.framework.protocols import InFlightLoadProducer
+from epp_client.framework.protocols import InFlightLoadProducer, RequestHooksBase
 from epp_client.framework.registry import plugin
 from epp_client.types import PREFILL_PROFILE, Endpoint, InferenceRequest, InFlightLoad, uncached_prompt_tokens
 
@@ -40,7 +41,7 @@ class _Entry:
 
 
 @plugin("inflight-load-producer", InFlightLoadProducer)
-class InFlightTracker(Plugin):
+class InFlightTracker(RequestHooksBase, Plugin):
     """What this router dispatched and has not yet released, per endpoint."""
 
     add_estimated_output_tokens: bool = param("addEstimatedOutputTokens", default=False,
@@ -70,7 +71,7 @@ class InFlightTracker(Plugin):
         ld = self._loads.get(name)
         return InFlightLoad(ld.tokens, ld.requests) if ld is not None else InFlightLoad()
 
-    def pre_request(self, request: InferenceRequest, picks: dict[str, Endpoint]) -> None:
+    def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
         """``picks``: profile name -> that profile's first picked endpoint."""
         rid = request.request_id
         if rid in self._requests:
@@ -94,7 +95,7 @@ class InFlightTracker(Plugin):
             _, old = self._requests.popitem(last=False)
             self._release(old, tokens_only=False)
 
-    def on_first_chunk(self, request_id: str) -> None:
+    def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
         entries = self._requests.get(request_id)
         if not entries:
             return
@@ -104,7 +105,8 @@ class InFlightTracker(Plugin):
             elif not self.add_estimated_output_tokens:
                 self._release([en], tokens_only=True)
 
-    def on_complete(self, request_id: str) -> None:
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
+                    output_tokens: int | None = None) -> None:
         entries = self._requests.pop(request_id, None)
         if entries:
             self._release(entries, tokens_only=False)

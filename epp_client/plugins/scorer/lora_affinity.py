@@ -1,8 +1,10 @@
 """``lora-affinity-scorer``: prefer endpoints with the request's LoRA adapter active (or room to load it)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from epp_client.framework.params import Plugin, gt, param
-from epp_client.framework.protocols import Scorer
+from epp_client.framework.protocols import RequestHooksBase, Scorer
 from epp_client.framework.registry import plugin
 from epp_client.plugins.scorer.lora_history import LoraRequestHistory
 from epp_client.types import Endpoint, EndpointMetrics, InferenceRequest
@@ -21,7 +23,7 @@ def lora_affinity(target: str, m: EndpointMetrics | None) -> float:
 
 
 @plugin("lora-affinity-scorer", Scorer)
-class LoraAffinityScorer(Plugin):
+class LoraAffinityScorer(RequestHooksBase, Plugin):
     """``lora-affinity-scorer``: 1.0 active, 0.8 spare adapter capacity, 0.6 waiting, else 0.
 
     With ``requestHistory: true`` it also remembers what this router sent where
@@ -76,11 +78,14 @@ class LoraAffinityScorer(Plugin):
         if self.history is not None:
             self.history.maybe_reconcile(endpoints, now)
 
-    def pre_request(self, request: InferenceRequest, target: Endpoint) -> None:
-        if self.history is not None:
+    def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
+        """The primary profile's pick (the first of ``picks``) serves the request's adapter."""
+        if self.history is not None and picks:
+            target = next(iter(picks.values()))
             self.history.dispatched(request.request_id, target.name, request.target_model)
 
-    def on_complete(self, request_id: str) -> None:
+    def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
+                    output_tokens: int | None = None) -> None:
         """Completion and abort alike: -1, floored at 0."""
         if self.history is not None:
             self.history.released(request_id)
