@@ -17,7 +17,7 @@ from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings, SettingsError
-from test_epp_opt_in import FixedPredictor
+from test_handler_opt_in import FixedPredictor
 
 WARM_UP_FALLBACKS = re.compile(r'^latency_gateway_fallbacks_total\{reason="warm-up"\} (\S+)$', re.M)
 

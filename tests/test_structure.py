@@ -194,3 +194,30 @@ def test_the_cycle_scan_finds_a_late_import_cycle():
 
 def test_no_import_cycle_among_product_modules():
     assert cycles(import_graph()) == [], "break the cycle: move the shared part down, pass objects in"
+
+
+def plugin_modules() -> dict[Path, list[str]]:
+    """{plugin module: the type names it registers} (``@plugin("type", Role)``), read with ast."""
+    out: dict[Path, list[str]] = {}
+    for path in sorted((REPO / "epp_client" / "plugins").rglob("*.py")):
+        types = [d.args[0].value if isinstance(d.args[0], ast.Constant) else ast.unparse(d.args[0])
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.ClassDef)
+                 for d in node.decorator_list
+                 if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "plugin" and d.args]
+        if types:
+            out[path] = types
+    return out
+
+
+def test_one_plugin_type_a_module_in_its_role_folder_each_with_its_test_file():
+    """``epp_client/plugins/<role>/<type>.py`` registers one type; ``tests/test_<role>_<type>.py`` tests it."""
+    mods = plugin_modules()
+    assert len(mods) >= 25, sorted(str(p) for p in mods)      # the scan sees the plugins
+    rel = {str(p.relative_to(REPO / "epp_client" / "plugins")): types for p, types in mods.items()}
+    assert rel["scorer/latency.py"] == ["latency-scorer"]
+    assert {f: t for f, t in rel.items() if len(t) != 1} == {}, "one plugin type a module"
+    assert [f for f in rel if f.count("/") != 1] == [], "plugins live in plugins/<role>/<type>.py"
+    missing = sorted(f"tests/test_{f.removesuffix('.py').replace('/', '_')}.py" for f in rel
+                     if not (REPO / "tests" / f"test_{f.removesuffix('.py').replace('/', '_')}.py").is_file())
+    assert missing == [], "each plugin module has its test file"

@@ -8,8 +8,6 @@ from epp_client.types import ADMITTED, Admission, Endpoint, InferenceRequest
 
 #: An endpoint under this KV-cache use counts as cold (B2.5).
 COLD_KV_USAGE = 0.02
-
-
 DENIED_STATUS = 429
 
 

@@ -51,8 +51,6 @@ from epp_client.plugins.scorer.lora_affinity import lora_affinity
 from epp_client.types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
 
 _STEP = StepModel()
-
-
 _FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
 
 

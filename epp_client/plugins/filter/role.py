@@ -11,26 +11,13 @@ from epp_client.types import Endpoint, InferenceRequest
 
 ROLE_LABEL = "llm-d.ai/role"
 
-
 #: Upstream role label values.
 ROLE_DECODE = "decode"
-
-
 ROLE_PREFILL = "prefill"
-
-
 ROLE_ENCODE = "encode"
-
-
 ROLE_PREFILL_DECODE = "prefill-decode"
-
-
 ROLE_ENCODE_PREFILL = "encode-prefill"
-
-
 ROLE_ENCODE_PREFILL_DECODE = "encode-prefill-decode"
-
-
 ROLE_BOTH = "both"  # deprecated alias of prefill-decode
 
 

@@ -1,6 +1,6 @@
-"""decode-harm-filter / decode-harm-scorer: the requests a placement's prefill pushes over their
-TPOT SLO and the request's own miss, from the engine twin run over the producer's per-request
-state (``LatencyPrediction.decoding``)."""
+"""decode-harm-filter (and the count it shares with decode-harm-scorer): the requests a
+placement's prefill pushes over their TPOT SLO and the request's own miss, from the engine twin
+run over the producer's per-request state (``LatencyPrediction.decoding``)."""
 from __future__ import annotations
 
 import pytest
@@ -11,25 +11,10 @@ from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import PredictedLatencyProducer
 from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
-from epp_client.plugins.scorer.decode_harm import DecodeHarmScorer
-from epp_client.types import LatencyPrediction
-from test_epp_producer import Clock, TablePredictor
-
-#: a 10 ms step plus 0.01 ms a token (tests/test_twin.py): a full 2,048-token chunk takes 30.48 ms
-FLAT = {"stepFixedMs": 10.0, "stepPerTokenMs": 0.01, "stepPerContextTokenMs": 0.0, "stepDecodeMs": 0.0,
-        "stepPerPrefillPairMs": 0.0}
-
-
-def _endpoint(name, running, matched_blocks=0):
-    return Endpoint(name=name, metrics=EndpointMetrics(0.3, 0, len(running)),
-                    prefix_match=PrefixMatch(matched_blocks, 64, block_size_tokens=64),
-                    prediction=LatencyPrediction(900.0, 40.0, 4_100.0, 60.0, True, True, len(running),
-                                                 decoding=lambda: tuple(running)))
-
-
-def _request(tokens=4096, ttft_slo=5000, tpot_slo=100):
-    return InferenceRequest(request_id="q", input_tokens=tokens,
-                            headers={"x-llm-d-slo-ttft-ms": str(ttft_slo), "x-llm-d-slo-tpot-ms": str(tpot_slo)})
+from support.harm import FLAT
+from support.harm import harm_request as _request
+from support.harm import running_endpoint as _endpoint
+from test_producer_predicted_latency import Clock, TablePredictor
 
 
 def test_filter_keeps_the_endpoints_where_the_prefill_harms_fewest():
@@ -99,15 +84,12 @@ def test_a_kv_cache_near_full_counts_one_more():
     assert DecodeHarmFilter.from_config({"kvUsageThreshold": 1.0}).scores(_request(), [full, roomy]) == {"a": 0, "b": 0}
 
 
-def test_filter_and_scorer_without_predictions_change_nothing():
+def test_filter_without_predictions_changes_nothing():
     f = DecodeHarmFilter()
     eps = [Endpoint(name="a"), Endpoint(name="b")]
     assert f.filter(_request(), eps) == eps
     one = [_endpoint("a", [Running(1_000.0, 17, 100.0, 500)])]
     assert f.filter(_request(), one) == one
-    mixed = [_endpoint("a", [Running(1_000.0, 101, 10.2, 3_000)] * 3), _endpoint("b", []), Endpoint(name="c")]
-    assert DecodeHarmScorer.from_config(FLAT).score(_request(tpot_slo=20), mixed) == {
-        "a": pytest.approx(0.25), "b": 1.0, "c": 0.0}
 
 
 def test_producer_reports_each_running_request_as_the_twin_sees_it():

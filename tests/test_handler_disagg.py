@@ -1,61 +1,19 @@
 """P/D disaggregation (B4.7) through ``Scheduler.from_config``: the disagg profile
-handler's stage orders, the deciders' gates, the role filters, the stage headers, the
+handler's stage orders, the stage headers, the
 decision counters, and predicted latency with P/D (TTFT trained on the prefill endpoint,
-TPOT on the decode endpoint, ``pod_type`` in every row)."""
+TPOT on the decode endpoint, ``pod_type`` in every row).
+"""
 from __future__ import annotations
-
-import random
 
 import prometheus_client
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.framework.loader import build_scheduler
-from epp_client.framework.scheduler import Scheduler
 from epp_client.metrics import EppCollector
-from epp_client.plugins import DecodeFilter, PrefillFilter
 from epp_client.predictor import InProcessPredictor
 from epp_client.training import ListSink
 from features.loaded import LoadedBundle
-
-ROLE = "llm-d.ai/role"
-
-
-def pd_config(decider: str | None = "prefix-based-pd-decider", decider_params: dict | None = None,
-              stage_order: str | None = None, producer: bool = False) -> dict:
-    plugins = [{"type": "decode-filter"}, {"type": "prefill-filter"}, {"type": "queue-scorer"},
-               {"type": "max-score-picker"}]
-    handler: dict = {"type": "disagg-profile-handler", "parameters": {}}
-    if decider is not None:
-        plugins.append({"type": decider, "parameters": decider_params or {}})
-        handler["parameters"]["deciders"] = {"prefill": decider}
-    if stage_order is not None:
-        handler["parameters"]["stageOrder"] = stage_order
-    plugins.append(handler)
-    if producer:
-        plugins.insert(0, {"type": "predicted-latency-producer",
-                           "parameters": {"endpointRoleLabel": ROLE, "streamingMode": True}})
-    return {"plugins": plugins, "schedulingProfiles": [
-        {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}]},
-        {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, {"pluginRef": "queue-scorer"}]}]}
-
-
-def pool(decode_cached_blocks: int = 0, prefill_roles=("prefill",), decode_queue=(0, 3)) -> list[Endpoint]:
-    eps = [Endpoint(name=f"d{i}", address=f"10.0.1.{i}", port=8000, labels={ROLE: "decode"},
-                    metrics=EndpointMetrics(waiting_queue_size=q, running_requests_size=q),
-                    prefix_match=PrefixMatch(decode_cached_blocks, 100, 16)) for i, q in enumerate(decode_queue)]
-    eps += [Endpoint(name=f"p{i}", address=f"10.0.2.{i}", port=8200, labels={ROLE: r},
-                     metrics=EndpointMetrics(waiting_queue_size=i), prefix_match=PrefixMatch(0, 100, 16))
-            for i, r in enumerate(prefill_roles)]
-    return eps
-
-
-def sched(config: dict, **kw) -> Scheduler:
-    return build_scheduler(config, rng=random.Random(3), **kw)
-
-
-def req(tokens: int, **headers) -> InferenceRequest:
-    return InferenceRequest(input_tokens=tokens, headers=dict(headers))
+from support.pd import ROLE, pd_config, pool, req, sched
 
 
 # -- decode-first -----------------------------------------------------------------------
@@ -79,38 +37,6 @@ def test_decode_only_removes_a_client_supplied_prefill_header():
     assert res.ok and res.decision == "decode-only" and set(res.profiles) == {"decode"}
     s.pre_request(r, res)
     assert "x-prefiller-host-port" not in r.headers
-
-
-@pytest.mark.parametrize("params, prompt, cached_blocks, want", [
-    ({}, 100_000, 0, False),                                     # nonCachedTokens 0 = never
-    ({"nonCachedTokens": 512}, 511, 0, False),                   # prompt shorter than the threshold
-    ({"nonCachedTokens": 512}, 512, 0, True),                    # uncached == threshold: yes
-    ({"nonCachedTokens": 512}, 1000, 31, False),                 # 1000 - 31*16 = 504 < 512
-    ({"nonCachedTokens": 512}, 1000, 30, True),                  # 1000 - 480 = 520
-    ({"nonCachedTokens": 100, "promptTokens": 2000}, 1999, 0, False),  # prompt gate
-    ({"nonCachedTokens": 100, "promptTokens": 2000}, 2000, 0, True),
-])
-def test_prefix_based_decider_gates(params, prompt, cached_blocks, want):
-    s = sched(pd_config(decider_params=params))
-    res = s.schedule(req(prompt), pool(decode_cached_blocks=cached_blocks))
-    assert res.decision == ("prefill-decode" if want else "decode-only")
-    assert ("prefill" in res.picks) is want
-    assert s.profile_handler.prefill_decider.decisions == {("yes" if want else "no"): 1}
-
-
-def test_prefix_based_decider_says_no_without_prefix_information():
-    s = sched(pd_config(decider_params={"nonCachedTokens": 1}))
-    eps = pool()
-    for e in eps:
-        e.prefix_match = None
-    assert s.schedule(req(5000), eps).decision == "decode-only"
-
-
-def test_always_decider_and_no_decider():
-    assert sched(pd_config("always-disagg-pd-decider")).schedule(req(1), pool()).decision == "prefill-decode"
-    s = sched(pd_config(None))  # no decider: the prefill stage is disabled
-    res = s.schedule(req(100_000), pool())
-    assert res.decision == "decode-only" and "prefill" not in res.picks
 
 
 def test_no_prefill_endpoint_falls_back_to_decode_only():
@@ -171,18 +97,6 @@ def test_legacy_flat_parameters_are_accepted():
     cfg = pd_config(decider_params={"nonCachedTokens": 10})
     cfg["plugins"][-1]["parameters"] = {"deciderPluginName": "prefix-based-pd-decider", "decodeProfile": "decode"}
     assert sched(cfg).schedule(req(500), pool()).decision == "prefill-decode"
-
-
-# -- role filters -----------------------------------------------------------------------
-ROLES = ["decode", "prefill", "encode", "prefill-decode", "encode-prefill", "encode-prefill-decode", "both", None]
-
-
-def test_role_filters_accept_exactly_the_upstream_roles():
-    eps = [Endpoint(name=str(r), labels={} if r is None else {ROLE: r}) for r in ROLES]
-    assert [e.name for e in DecodeFilter().filter(InferenceRequest(), eps)] == [
-        "decode", "prefill-decode", "encode-prefill-decode", "both", "None"]
-    assert [e.name for e in PrefillFilter().filter(InferenceRequest(), eps)] == [
-        "prefill", "prefill-decode", "encode-prefill", "encode-prefill-decode", "both"]
 
 
 def test_prefill_decode_endpoints_serve_both_profiles():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from epp_client import ConfigError, EncoderMatch, Endpoint, EndpointMetrics, InferenceRequest, InFlightLoad, PrefixMatch
-from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.plugins import PredictedLatencyProducer
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.predictor import BulkPrediction, InProcessPredictor
 from epp_client.training import ListSink
 from features.loaded import LoadedBundle

@@ -1,4 +1,4 @@
-"""lora-affinity-scorer with request history: every scoring rule, the lifecycle counts
+"""lora-affinity-scorer: the metric-only rules and, with request history, every scoring rule, the lifecycle counts
 (completion and abort), the reconcile, the scheduler's public lifecycle and config, and
 ``requestHistory: false`` identical to the metric-only scorer."""
 from __future__ import annotations
@@ -285,3 +285,18 @@ def test_metric_only_scorer_is_neutral_where_no_adapter_is_loaded(max_lora):
     eps = [ep(f"e{i}", max_lora=max_lora) for i in range(5)]
     for target in ("", "meta-llama/Llama-3.1-8B", "sql"):
         assert len(set(scorer.score(req(target), eps).values())) == 1
+
+
+def test_lora_affinity_scorer_order_of_rules():
+    def lora(name, active=(), waiting=(), max_lora=0):
+        return Endpoint(name=name, metrics=EndpointMetrics(active_lora_adapters=frozenset(active),
+                                                           waiting_lora_adapters=frozenset(waiting),
+                                                           max_active_lora=max_lora))
+    req = InferenceRequest(target_model="sql")
+    eps = [lora("active", active={"sql"}), lora("spare", active={"x"}, waiting={"sql"}, max_lora=4),
+           lora("waiting", active={"x", "y"}, waiting={"sql"}, max_lora=3), lora("full", active={"x"}, max_lora=1),
+           lora("nomax", waiting={"sql"}), Endpoint(name="nometrics", metrics=None)]
+    assert LoraAffinityScorer().score(req, eps) == {"active": 1.0, "spare": 0.8, "waiting": 0.6, "full": 0.0,
+                                                     "nomax": 0.6, "nometrics": 0.0}
+    with pytest.raises(ConfigError):
+        LoraAffinityScorer.from_config({"anything": 1})

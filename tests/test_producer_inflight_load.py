@@ -1,75 +1,17 @@
 """The one request lifecycle: heuristics and the scheduler on it, one in-flight count, the
 approximate prefix producer configured from an EndpointPickerConfig and used by both the
-gateway and the simulator."""
+gateway and the simulator.
+"""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
+from epp_client import PrefixMatch
 from epp_client.framework.loader import build_scheduler
 from epp_client.heuristics import LeastLoadScheduler, LeastRequestsScheduler, RoundRobinScheduler
-from epp_client.plugins import ApproxPrefixProducer
-
-PREFIX_CONFIG = """
-plugins:
-- type: approx-prefix-cache-producer
-  parameters: {blockSizeTokens: 128, maxPrefixBlocksToMatch: 10, lruCapacityPerServer: 3}
-- type: inflight-token-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: inflight-token-scorer
-"""
-
-
-def eps(n=3):
-    return [Endpoint(name=f"e{i}", metrics=EndpointMetrics()) for i in range(n)]
-
-
-def req(i, tokens=100, **kw):
-    return InferenceRequest(request_id=f"r{i}", input_tokens=tokens, **kw)
-
-
-def test_prefix_producer_is_built_from_the_config_with_its_parameters():
-    s = build_scheduler(PREFIX_CONFIG)
-    p = s.prefix_producer
-    assert isinstance(p, ApproxPrefixProducer)
-    assert (p.block_size_tokens, p.max_prefix_blocks, p.capacity) == (128, 10, 3)
-    with pytest.raises(ConfigError) as e:
-        build_scheduler(PREFIX_CONFIG.replace("blockSizeTokens: 128", "blockSizeTokens: 0"))
-    assert "blockSizeTokens" in str(e.value)
-    with pytest.raises(ConfigError) as e:
-        build_scheduler(PREFIX_CONFIG.replace("lruCapacityPerServer", "lruCapacity"))
-    assert "lruCapacity" in str(e.value)
-    assert build_scheduler("plugins: [{type: queue-scorer}]").prefix_producer is None
-
-
-def test_prefix_producer_matches_leading_blocks_and_evicts_least_recent():
-    p = ApproxPrefixProducer(block_size_tokens=16, lru_capacity_per_endpoint=3)
-    cands = eps(2)
-    assert p.record("e0", ["a", "b", "c"]) == PrefixMatch(0, 3, 16)
-    p.produce(["a", "b", "x"], cands)
-    assert cands[0].prefix_match == PrefixMatch(2, 3, 16) and cands[1].prefix_match == PrefixMatch(0, 3, 16)
-    p.record("e0", ["d"])                       # capacity 3: "a" (least recent) goes
-    assert p.match("e0", ["a", "b"]).match_blocks == 0 and p.match("e0", ["b", "c", "d"]).match_blocks == 3
-    assert p.match("e0", ["b"], total_blocks=5) == PrefixMatch(1, 5, 16)
-
-
-def test_inflight_token_scorer_from_config_follows_the_schedulers_own_count():
-    s = build_scheduler(PREFIX_CONFIG, rng=random.Random(0))
-    cands = eps(2)
-    first = s.schedule(req(1, tokens=500), cands)
-    s.pre_request(req(1, tokens=500), first)
-    busy = first.endpoint.name
-    second = s.schedule(req(2), cands)
-    assert second.endpoint.name != busy and second.scores[busy] == 0.0
-    s.on_first_chunk("r1")                      # tokens released: both equal again
-    assert s.inflight.snapshot(busy).tokens == 0 and s.inflight.snapshot(busy).requests == 1
-    s.on_complete("r1")
-    assert s.inflight.snapshot(busy).requests == 0
+from support.lifecycle import PREFIX_CONFIG, eps, req
 
 
 def test_a_retry_elsewhere_is_accounted_on_that_endpoint():
