@@ -2,13 +2,16 @@
 
 Routes exactly as an llm-d gateway with predicted-latency routing would (same plugins,
 parameters, defaults and decision rules; ``docs/plugins.md``), with the
-deliberate differences of Part A.2.
+deliberate differences of Part A.2. Four parts: ``framework/`` (the extension-point
+protocols, parameters, registry, staged config loader, scheduler and request lifecycle; it
+imports no plugin), ``plugins/<role>/<type>.py`` (one plugin type a module), ``profiles/``
+(the well-known configs as YAML) and ``engine/`` (the engine twin behind ``EngineModel``).
 
 Public API::
 
     from epp_client import (Endpoint, EndpointMetrics, PrefixMatch, InFlightLoad,
                             LatencyPrediction, InferenceRequest, Admission, ConfigError)
-    from epp_client.plugins import PredictedLatencyProducer, ...       # see plugins/
+    from epp_client.plugins import PredictedLatencyProducer, ...       # every plugin class
     from epp_client.framework.loader import build_scheduler       # config -> Scheduler
     from epp_client.framework.scheduler import Scheduler
     from epp_client.framework.profile import SchedulingProfile

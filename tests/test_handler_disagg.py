@@ -1,4 +1,4 @@
-"""P/D disaggregation (B4.7) through ``Scheduler.from_config``: the disagg profile
+"""P/D disaggregation (B4.7) through ``build_scheduler``: the disagg profile
 handler's stage orders, the stage headers, the
 decision counters, and predicted latency with P/D (TTFT trained on the prefill endpoint,
 TPOT on the decode endpoint, ``pod_type`` in every row).

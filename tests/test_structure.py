@@ -221,3 +221,19 @@ def test_one_plugin_type_a_module_in_its_role_folder_each_with_its_test_file():
     missing = sorted(f"tests/test_{f.removesuffix('.py').replace('/', '_')}.py" for f in rel
                      if not (REPO / "tests" / f"test_{f.removesuffix('.py').replace('/', '_')}.py").is_file())
     assert missing == [], "each plugin module has its test file"
+
+
+def test_the_framework_imports_no_plugin():
+    """Not even through another module: the plugins are found by type name (the registry)."""
+    graph = import_graph()
+    reach: set[str] = set()
+    todo = [m for m in graph if m.startswith("epp_client.framework")]
+    assert "epp_client.framework.scheduler" in todo
+    while todo:
+        m = todo.pop()
+        for d in graph.get(m, ()):
+            if d not in reach:
+                reach.add(d)
+                todo.append(d)
+    assert "epp_client.types" in reach      # the scan follows the framework's imports
+    assert sorted(m for m in reach if m.startswith("epp_client.plugins")) == []

@@ -14,7 +14,7 @@ upstream defaults (plus ``rng`` where random numbers are drawn); ``Class.from_co
 takes the upstream camelCase names; invalid parameters raise ``ConfigError`` naming
 ``type.parameter``. The config loader finds the plugins with
 :func:`epp_client.framework.registry.discover`, which imports every module here: adding a
-plugin is adding a module (and its test, ``tests/epp_client/plugins/test_<type>.py``). The
+plugin is adding a module (and its test, ``tests/test_<role>_<type>.py``). The
 ``*ProducerName`` parameters are accepted for config compatibility and ignored: in this
 library each attribute has one source (the fields of :class:`~epp_client.Endpoint`).
 

@@ -9,7 +9,7 @@ use real servers on loopback (``RunOptions.predictor_url`` / ``training_url``).
 ``predicted`` runs the recommended profile, ``predicted-llmd`` and ``predicted-upstream``
 llm-d's predicted-latency-slo config (:data:`PREDICTED_CONFIGS`); with
 ``RunOptions.opt_in_share`` their config becomes an opt-in one
-(``epp_client.profiles.with_opt_in``) and that share of requests carries the header.
+(``epp_client.plugins.handler.opt_in.with_opt_in``) and that share of requests carries the header.
 """
 from __future__ import annotations
 
