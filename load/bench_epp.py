@@ -211,7 +211,7 @@ def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_
 
         bundle = LoadedBundle.builtin_prior()
         s = build_scheduler(config, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
-                                  rng=random.Random(1))
+                            rng=random.Random(1))
         out["inprocess_prior"] = run_sync(s, workload, inflight=inflight)
     if mode in ("server", "all"):
         proc, url = start_prediction_server()
@@ -224,7 +224,7 @@ def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_
             async def go():
                 aclient = PredictorClient([url], deadline_ms=1000)
                 sa = build_scheduler(REFERENCE_CONFIG, predictor=aclient, sink=ListSink(1000),
-                                           rng=random.Random(1))
+                                     rng=random.Random(1))
                 r = await run_async(sa, workload[:n])
                 r["fallbacks"] = aclient.metrics.fallbacks
                 await aclient.aclose()

@@ -14,7 +14,7 @@ from load import bench_epp
 
 def test_inflight_requests_stay_running_and_reach_the_harm_filter(monkeypatch):
     sched = build_scheduler(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
-                                  sink=ListSink(10), rng=random.Random(1))
+                            sink=ListSink(10), rng=random.Random(1))
     seen = []
     assess = DecodeHarmFilter.assess
 
@@ -30,7 +30,7 @@ def test_inflight_requests_stay_running_and_reach_the_harm_filter(monkeypatch):
     assert sum(len(sched.producer.running.requests(f"pod{i // 2}-rank-{i % 2}")) for i in range(4)) == 64
     seen.clear()
     sched2 = build_scheduler(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
-                                   sink=ListSink(10), rng=random.Random(1))
+                             sink=ListSink(10), rng=random.Random(1))
     bench_epp.run_sync(sched2, workload, warmup=100)  # completed at once: nothing running
     assert max(seen) == 0
 

@@ -172,7 +172,7 @@ def test_a_late_remote_path_keeps_a_prefill_local_only_while_the_kept_stalls_fit
     hdr = {"x-llm-d-slo-tpot-ms": "25", "x-llm-d-slo-ttft-ms": "650"}
     now = [100.0]
     s = build_scheduler(config(), predictor=TablePredictor(decode_ttft=600, prefill_ttft=700),
-                              rng=random.Random(1), clock=lambda: now[0])
+                        rng=random.Random(1), clock=lambda: now[0])
 
     def decide():
         request = InferenceRequest(input_tokens=3000, streaming=True, headers=hdr)

@@ -98,7 +98,7 @@ def test_reference_wiring_1000_requests_with_real_servers(servers):
     client = PredictorClient(purls, deadline_ms=2000)  # generous: CI machines are shared
     reporter = TrainingReporter(turl, flush_interval_s=0.2)
     sched = build_scheduler(REFERENCE_CONFIG, predictor=client, sink=reporter, rng=random.Random(7),
-                                  clock=lambda: t[0])
+                            clock=lambda: t[0])
     base = _get(turl + "/data/status")[1]["inserted_since_start"]
     eps = cluster()
     picks = {"none": Counter(), "slo": Counter()}

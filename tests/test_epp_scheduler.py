@@ -46,7 +46,7 @@ def prior_predictor():
 
 def ref(predictor=None, sink=None, seed=1, config=REFERENCE_CONFIG):
     return build_scheduler(config, predictor=predictor if predictor is not None else prior_predictor(),
-                                 sink=sink if sink is not None else ListSink(), rng=random.Random(seed))
+                           sink=sink if sink is not None else ListSink(), rng=random.Random(seed))
 
 
 def test_reference_wiring_loads_as_it_is():
@@ -209,7 +209,7 @@ def test_lifecycle_through_the_scheduler_updates_inflight_and_trains():
     sink = ListSink()
     t = [10.0]
     s = build_scheduler(REFERENCE_CONFIG, predictor=prior_predictor(), sink=sink, rng=random.Random(2),
-                              clock=lambda: t[0])
+                        clock=lambda: t[0])
     eps = cluster()
     r = InferenceRequest(request_id="abc", input_tokens=800)  # 50 uncached blocks of 16
     res = s.schedule(r, eps)

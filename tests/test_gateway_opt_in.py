@@ -26,7 +26,7 @@ def test_the_header_picks_the_profile_through_a_real_gateway(engines):
     engines[1].state.waiting = 8          # the predicted TTFT grows with the queue: engine a is best
     predictor = FixedPredictor(source="prior")
     router = build_scheduler(with_opt_in(RECOMMENDED_CONFIG), predictor=predictor, sink=ListSink(),
-                                   rng=random.Random(3))
+                             rng=random.Random(3))
     s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05,
                         admin_token=ADMIN_TOKEN)
     gw = Gateway(s, router)

@@ -58,8 +58,8 @@ def request(header: str | None = None, **kw) -> InferenceRequest:
 
 def sched(predictor=None, **opt_in) -> Scheduler:
     return build_scheduler(with_opt_in(RECOMMENDED_CONFIG, **opt_in),
-                                 predictor=predictor if predictor is not None else FixedPredictor(),
-                                 sink=ListSink(), rng=random.Random(1))
+                           predictor=predictor if predictor is not None else FixedPredictor(),
+                           sink=ListSink(), rng=random.Random(1))
 
 
 def ran(s: Scheduler, req: InferenceRequest) -> tuple[list[str], str, str]:

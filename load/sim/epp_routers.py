@@ -190,7 +190,7 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
 
         def factory(rng, clock, wall):
             sched = build_scheduler(config, predictor=predictor, sink=sink, rng=rng,
-                                          clock=clock, wall_clock=wall)
+                                    clock=clock, wall_clock=wall)
             if true_harm is not None and not true_harm.install(sched):
                 raise ValueError("--true-harm: the config has no decode-harm-filter or decode-harm-scorer")
             return sched

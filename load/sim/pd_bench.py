@@ -129,7 +129,7 @@ def make_router(policy: str, opts, link: KVLink) -> PDRouter:
 
     def factory(rng: random.Random, clock, wall):
         return build_scheduler(config, predictor=predictor, sink=sink, rng=random.Random(rng.random()),
-                                     clock=clock, wall_clock=wall)
+                               clock=clock, wall_clock=wall)
 
     return PDRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=desc, prefix=True)
 
