@@ -13,7 +13,6 @@ from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest,
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
-from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.plugins import (
     KVCacheUtilizationScorer,
     LatencyScorer,
@@ -25,6 +24,7 @@ from epp_client.plugins import (
     SloHeadroomTierFilter,
     WeightedRandomPicker,
 )
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.predictor import InProcessPredictor
 from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG
 from epp_client.training import ListSink
@@ -312,3 +312,73 @@ def test_prometheus_collector_exposes_the_counters():
     assert 'epp_producer_events_total{event="predictions"} 5.0' in text
     assert sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("epp_inflight_requests{")) == 5
+
+
+def test_every_plugin_with_request_hooks_follows_the_request_in_one_order():
+    """RequestHooks: the in-flight accounting, then each profile plugin that has the hooks, then
+    the producer, for every call; a denied request is discarded by all of them."""
+    from epp_client import Admission
+    from epp_client.framework.protocols import RequestHooks, RequestHooksBase
+    from epp_client.plugins import MaxScorePicker
+
+    calls: list[tuple[str, str]] = []
+
+    class Recorder(RequestHooksBase):
+        def __init__(self, name):
+            self.name = name
+
+        def pre_request(self, request, picks, now=None):
+            calls.append((self.name, "pre_request:" + ",".join(e.name for e in picks.values())))
+
+        def on_chunk(self, request_id, now=None, tokens=None):
+            calls.append((self.name, "on_chunk"))
+
+        def on_complete(self, request_id, now=None, *, status=200, aborted=False, output_tokens=None):
+            calls.append((self.name, f"on_complete:{status}"))
+
+        def discard(self, request_id):
+            calls.append((self.name, "discard"))
+
+    class HookedScorer(Recorder):
+        def score(self, request, endpoints):
+            return {e.name: 1.0 for e in endpoints}
+
+    class HookedTracker(Recorder, InFlightTracker):
+        def __init__(self):
+            InFlightTracker.__init__(self)
+            self.name = "inflight"
+
+        def pre_request(self, request, picks, now=None):
+            InFlightTracker.pre_request(self, request, picks, now)
+            Recorder.pre_request(self, request, picks, now)
+
+    class HookedProducer(Recorder):
+        def produce(self, request, endpoints, now=None):
+            pass
+
+        async def aproduce(self, request, endpoints, now=None):
+            pass
+
+    scorer, producer, tracker = HookedScorer("scorer"), HookedProducer("producer"), HookedTracker()
+    assert isinstance(scorer, RequestHooks) and isinstance(tracker, RequestHooks)
+    sched = Scheduler(producer, [], [SchedulingProfile("default", [], [(scorer, 1.0)], MaxScorePicker())], tracker)
+    eps = [Endpoint(name="a", metrics=EndpointMetrics())]
+    req = InferenceRequest(request_id="r1", input_tokens=10)
+    res = sched.schedule(req, eps)
+    sched.pre_request(req, res)
+    assert tracker.load("a").requests == 1               # the tracker still counts
+    sched.on_chunk("r1")
+    sched.on_complete("r1", status=503)
+    order = ["inflight", "scorer", "producer"]
+    assert calls == [(n, "pre_request:a") for n in order] + [(n, "on_chunk") for n in order] + [
+        (n, "on_complete:503") for n in order]
+    calls.clear()
+
+    class Deny:
+        def admit(self, request, endpoints):
+            return Admission(False, "denied", 429)
+
+    strict = Scheduler(producer, [Deny()], [SchedulingProfile("default", [], [(scorer, 1.0)], MaxScorePicker())],
+                       tracker)
+    denied = strict.schedule(InferenceRequest(request_id="r2"), eps)
+    assert denied.status == 429 and calls == [(n, "discard") for n in order]
