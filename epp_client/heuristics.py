@@ -1,7 +1,7 @@
-"""Heuristic routing policies on the request lifecycle (:mod:`epp_client.lifecycle`).
+"""Heuristic routing policies on the request lifecycle (:mod:`epp_client.framework.lifecycle`).
 
 No plugins and no predictions: each orders the candidates by a fixed rule, and counts
-its in-flight requests with an :class:`~epp_client.inflight.InFlightTracker` (shareable,
+its in-flight requests with an :class:`~epp_client.plugins.producer.inflight_load.InFlightTracker` (shareable,
 so a fallback and the scheduler it stands in for count in one place). Subclasses only
 define ``order(request, candidates)``: best first, empty to drop the request.
 
@@ -18,9 +18,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from .inflight import InFlightTracker
-from .lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
-from .types import ADMITTED, Endpoint, InferenceRequest
+from epp_client.framework.lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
+from epp_client.framework.protocols import InFlightLoadProducer
+from epp_client.plugins.producer.inflight_load import InFlightTracker
+from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
 PROFILE = "default"
 
@@ -30,9 +31,9 @@ class HeuristicScheduler:
     producer = None
     prefix_producer = None
 
-    def __init__(self, rng: random.Random | None = None, inflight: InFlightTracker | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, inflight: InFlightLoadProducer | None = None) -> None:
         self.rng = rng or random.Random()
-        self.inflight = inflight if inflight is not None else InFlightTracker()
+        self.inflight: InFlightLoadProducer = inflight if inflight is not None else InFlightTracker()
 
     def order(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
         raise NotImplementedError
@@ -81,7 +82,7 @@ class RandomScheduler(HeuristicScheduler):
 class RoundRobinScheduler(HeuristicScheduler):
     name = "round-robin"
 
-    def __init__(self, rng: random.Random | None = None, inflight: InFlightTracker | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, inflight: InFlightLoadProducer | None = None) -> None:
         super().__init__(rng, inflight)
         self.next = 0
 

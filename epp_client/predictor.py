@@ -34,12 +34,11 @@ from typing import Any, Protocol
 
 import orjson
 
+from epp_client.breaker import CircuitBreaker
+from epp_client.coalescer import Coalescer
+from epp_client.httpclient import HttpTransport, ServerAddress, TransportError
+from epp_client.settings import MAX_BULK_SIZE, PredictorSettings
 from features.schema import FieldError, parse_row
-
-from .breaker import CircuitBreaker
-from .coalescer import Coalescer
-from .httpclient import HttpTransport, ServerAddress, TransportError
-from .settings import MAX_BULK_SIZE, PredictorSettings
 
 PREDICT_PATH = "/predict/bulk/strict"
 

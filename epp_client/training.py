@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from .httpclient import HttpTransport, ServerAddress
+from epp_client.httpclient import HttpTransport, ServerAddress
 
 ADD_PATH = "/add_training_data_bulk"
 
@@ -111,7 +111,7 @@ class TrainingReporter:
     def from_env(cls, **overrides: Any) -> TrainingReporter:
         """Upstream environment variables (B1.7, declared in ``epp_client.settings``); a bad
         value raises SettingsError naming the variable. Keyword overrides win."""
-        from .settings import ReporterSettings
+        from epp_client.settings import ReporterSettings
 
         kw: dict[str, Any] = ReporterSettings.from_env().kwargs()
         kw.update(overrides)

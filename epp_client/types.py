@@ -6,8 +6,12 @@ ones. One :class:`Endpoint` per data-parallel rank (B4.6): ``name`` is unique pe
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp_client.engine.twin import Running
 
 #: The scheduling profile that picks the prefill endpoint under P/D disaggregation.
 PREFILL_PROFILE = "prefill"
@@ -94,16 +98,17 @@ class LatencyPrediction:
     model_version: str = ""
     model_source: str = ""  # "learned", "prior", or "" when the predictor did not say
     #: the requests this router has running on the endpoint, in dispatch order, as the engine twin
-    #: sees them (:class:`epp_client.twin.Running`: decode time and tokens so far, TPOT SLO, context,
-    #: prompt tokens still to prefill); streaming mode only. A tuple, or a function computing it on
-    #: first use (:meth:`running_decodes`)
-    decoding: Any = ()
+    #: sees them (:class:`epp_client.engine.twin.Running`: decode time and tokens so far, TPOT SLO,
+    #: context, prompt tokens still to prefill); streaming mode only: the function computing them,
+    #: called once, on first use (:meth:`running_decodes`)
+    decoding: Callable[[], tuple[Running, ...]] | None = None
+    _decodes: tuple[Running, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def running_decodes(self) -> tuple:
-        """``decoding``, computed once if the producer left a function."""
-        if callable(self.decoding):
-            self.decoding = self.decoding()
-        return self.decoding
+    def running_decodes(self) -> tuple[Running, ...]:
+        """``decoding()``, computed once (``()`` without it)."""
+        if self._decodes is None:
+            self._decodes = self.decoding() if self.decoding is not None else ()
+        return self._decodes
 
     @property
     def is_valid(self) -> bool:

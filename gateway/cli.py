@@ -40,7 +40,7 @@ def make_router(settings: GatewaySettings):
         from epp_client.heuristics import LeastLoadScheduler
 
         return LeastLoadScheduler()
-    from epp_client.wellknown import config_text
+    from epp_client.profiles import config_text
 
     from .flowgate import FlowGate
     from .routing import build_scheduler

@@ -27,10 +27,10 @@ from collections.abc import Callable
 import httpx
 import orjson
 
+from epp_client.framework.lifecycle import RequestLifecycle
+from epp_client.framework.protocols import InFlightLoadProducer
 from epp_client.heuristics import LeastLoadScheduler
-from epp_client.inflight import InFlightTracker
-from epp_client.lifecycle import RequestLifecycle
-from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 from epp_client.types import Endpoint, InferenceRequest
 
 from .downstream import ClientWatch, Disconnected, TooLarge, aclose_quietly, first_nonempty, read_body
@@ -82,7 +82,7 @@ class Gateway:
         inflight = self.router.inflight
         if inflight is None:
             raise ValueError("the gateway's routing policy needs an in-flight tracker")
-        self.inflight: InFlightTracker = inflight
+        self.inflight: InFlightLoadProducer = inflight
         bind = getattr(self.router, "bind_endpoints", None)
         if bind is not None:   # flow control reads the scraped state of the candidates
             bind(self.endpoints)

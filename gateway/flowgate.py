@@ -1,7 +1,7 @@
 """Flow control in the gateway: epp_client's FlowController in front of the router.
 
 ``FlowGate`` wraps the gateway's routing policy and is itself a request lifecycle
-(:mod:`epp_client.lifecycle`). ``aschedule`` first enqueues the request in its
+(:mod:`epp_client.framework.lifecycle`). ``aschedule`` first enqueues the request in its
 band (priority) and flow (fairness id header) and waits until the dispatcher releases
 it: while the pool is saturated (the configured detector: llm-d's utilization detector
 over the scraped endpoint metrics, or its concurrency detector over the gateway's own
@@ -41,7 +41,7 @@ from epp_client.flowcontrol import (
     build_flow_control,
     fairness_id,
 )
-from epp_client.lifecycle import SchedulingResult
+from epp_client.framework.lifecycle import SchedulingResult
 from epp_client.types import ADMITTED, Endpoint, InferenceRequest
 
 from .routing import aclose_policy

@@ -1,6 +1,6 @@
 """How the gateway drives a routing policy: the epp_client request lifecycle.
 
-The policy is any :class:`epp_client.lifecycle.RequestLifecycle`: the scheduler built
+The policy is any :class:`epp_client.framework.lifecycle.RequestLifecycle`: the scheduler built
 from ``--config`` (maybe behind flow control), or the built-in
 :class:`~epp_client.heuristics.LeastLoadScheduler`. Each candidate becomes an
 :class:`epp_client.Endpoint` (scraped metrics and labels; the prefix producer writes its
@@ -8,7 +8,7 @@ prefix match); ``aschedule`` decides; the gateway then calls ``pre_request`` at 
 attempt's dispatch, ``on_first_chunk`` at the first token and ``on_complete`` at the end.
 If the policy raises, the least-load fallback decides and the gateway drives *its*
 lifecycle for that request. Both share the policy's in-flight tracker: in-flight load is
-counted once, in ``epp_client.inflight``.
+counted once, in ``epp_client.plugins.producer.inflight_load``.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp_client.framework import loader
+from epp_client.framework.lifecycle import RequestLifecycle, SchedulingResult
+from epp_client.framework.scheduler import Scheduler
 from epp_client.heuristics import LeastLoadScheduler
-from epp_client.lifecycle import RequestLifecycle, SchedulingResult
-from epp_client.plugins.opt_in import WARM_UP
-from epp_client.scheduler import Scheduler
+from epp_client.plugins.handler.opt_in import WARM_UP
+from epp_client.profiles import config_text
 from epp_client.types import Endpoint, EndpointMetrics, InferenceRequest
-from epp_client.wellknown import config_text
 
 from .scrape import EndpointState
 from .settings import GatewaySettings
@@ -89,7 +90,7 @@ def build_scheduler(settings: GatewaySettings) -> Scheduler:
                  else PredictorClient.from_env())
     reporter = (TrainingReporter(settings.training_url) if settings.training_url
                 else TrainingReporter.from_env())
-    sched = Scheduler.from_config(text, predictor=predictor, sink=reporter)
+    sched = loader.build_scheduler(text, predictor=predictor, sink=reporter)
     if sched.producer is None:   # the config predicts nothing: the clients are not needed
         predictor.close()
         reporter.close()

@@ -4,10 +4,12 @@ keyword only. The README's gateway table is ``GatewaySettings.doc_table()``."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
+from epp_client.types import ConfigError
 from features.settings import (
     EnvSettings,
     SettingsError,
@@ -26,8 +28,8 @@ __all__ = ["GatewaySettings", "SettingsError"]
 
 
 def _config_file(v: Any) -> str:
-    """A well-known config name (epp_client.wellknown) or an existing file."""
-    from epp_client.wellknown import WELL_KNOWN_CONFIGS
+    """A well-known config name (epp_client.profiles) or an existing file."""
+    from epp_client.profiles import WELL_KNOWN_CONFIGS
 
     path = text(v)
     if path not in WELL_KNOWN_CONFIGS and not os.path.isfile(path):
@@ -35,27 +37,49 @@ def _config_file(v: Any) -> str:
     return path
 
 
+def _priority(x: Any) -> int:
+    """One priority: an integer, or its digits as text (a bool is no priority)."""
+    if isinstance(x, bool) or not isinstance(x, int | str):
+        raise ValueError(f"must be integers, got {x!r}")
+    try:
+        return int(x)
+    except ValueError:
+        raise ValueError(f"must be integers, got {x!r}") from None
+
+
 def _objectives(v: Any) -> dict[str, int]:
-    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(p, int) and not isinstance(p, bool)
-                                             for k, p in v.items()):
+    """Objective name -> priority."""
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
         raise ValueError(f"must map objective names to integer priorities, got {v!r}")
-    return dict(v)
+    return {k: _priority(p) for k, p in v.items()}
 
 
 def _priorities(v: Any) -> list[int]:
     """Comma-separated integers (or a list of them)."""
     items = [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else list(v)
-    out = []
-    for x in items:
-        if isinstance(x, bool) or not isinstance(x, int | str):
-            raise ValueError(f"must be integers, got {x!r}")
-        try:
-            out.append(int(x))
-        except ValueError:
-            raise ValueError(f"must be integers, got {x!r}") from None
+    out = [_priority(x) for x in items]
     if len(out) > 64:
         raise ValueError(f"at most 64 priorities, got {len(out)}")
     return sorted(set(out))
+
+
+def _prefix_param(name: str) -> tuple[Any, Callable[[Any], Any]]:
+    """The default and the validation of the prefix index's parameter ``name`` as
+    ``approx-prefix-cache-producer`` declares it (its one declaration); text is read as an integer."""
+    spec = next(p for p in ApproxPrefixProducer.PARAMS if p.name == name)
+
+    def parse(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = int(v.strip())
+            except ValueError:
+                raise ValueError(f"must be an integer, got {v!r}") from None
+        try:
+            return spec.validate(ApproxPrefixProducer.TYPE, v)
+        except ConfigError as e:
+            raise ValueError(e.msg) from None
+
+    return spec.default, parse
 
 
 _POSITIVE = number(0.0, lo_open=True)
@@ -115,10 +139,11 @@ class GatewaySettings(EnvSettings):
     retry_after_s: int = setting(None, 1, _COUNT)    # Retry-After of the gateway's 429s
     max_concurrency: int = setting("LATENCY_GATEWAY_MAX_CONCURRENCY", 1024, _COUNT,
                                    "requests in flight through the gateway")
-    block_size_tokens: int = setting("LATENCY_GATEWAY_BLOCK_SIZE_TOKENS", 64, _COUNT,
+    # the prefix index of the built-in router (approx-prefix-cache-producer's parameters)
+    block_size_tokens: int = setting("LATENCY_GATEWAY_BLOCK_SIZE_TOKENS", *_prefix_param("blockSizeTokens"),
                                      "tokens per prefix-cache block (`--block-size-tokens`)")
-    max_prefix_blocks: int = setting(None, 2048, _COUNT)
-    lru_capacity_per_endpoint: int = setting(None, 31250, _COUNT)
+    max_prefix_blocks: int = setting(None, *_prefix_param("maxPrefixBlocksToMatch"))
+    lru_capacity_per_endpoint: int = setting(None, *_prefix_param("lruCapacityPerServer"))
     record_capacity: int = setting(None, 20000, _COUNT)     # per-request records kept for /gateway/requests
     # x-llm-d-inference-objective -> priority (--objective NAME=PRIORITY)
     objectives: dict[str, int] = setting(None, {}, _objectives)

@@ -33,11 +33,11 @@ import time
 import urllib.request
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.config import REFERENCE_CONFIG
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.scheduler import Scheduler
 from epp_client.predictor import BulkPrediction, InProcessPredictor, PredictorClient
-from epp_client.scheduler import Scheduler
+from epp_client.profiles import REFERENCE_CONFIG, config_text
 from epp_client.training import ListSink
-from epp_client.wellknown import config_text
 from load.ports import free_port
 
 
@@ -202,29 +202,29 @@ def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_
     workload = make_workload(n_requests, n_endpoints)
     out: dict = {}
     if mode in ("stub", "all"):
-        s = Scheduler.from_config(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
+        s = build_scheduler(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
         out["stub_sync"] = run_sync(s, workload, inflight=inflight)
-        s = Scheduler.from_config(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
+        s = build_scheduler(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
         out["stub_async"] = asyncio.run(run_async(s, workload, inflight=inflight))
     if mode in ("inprocess", "all"):
         from features.loaded import LoadedBundle
 
         bundle = LoadedBundle.builtin_prior()
-        s = Scheduler.from_config(config, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
-                                  rng=random.Random(1))
+        s = build_scheduler(config, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
+                            rng=random.Random(1))
         out["inprocess_prior"] = run_sync(s, workload, inflight=inflight)
     if mode in ("server", "all"):
         proc, url = start_prediction_server()
         try:
             n = min(n_requests, 5000)
             client = PredictorClient([url], deadline_ms=1000)
-            s = Scheduler.from_config(REFERENCE_CONFIG, predictor=client, sink=ListSink(1000), rng=random.Random(1))
+            s = build_scheduler(REFERENCE_CONFIG, predictor=client, sink=ListSink(1000), rng=random.Random(1))
             out["server_sync"] = run_sync(s, workload[:n])
 
             async def go():
                 aclient = PredictorClient([url], deadline_ms=1000)
-                sa = Scheduler.from_config(REFERENCE_CONFIG, predictor=aclient, sink=ListSink(1000),
-                                           rng=random.Random(1))
+                sa = build_scheduler(REFERENCE_CONFIG, predictor=aclient, sink=ListSink(1000),
+                                     rng=random.Random(1))
                 r = await run_async(sa, workload[:n])
                 r["fallbacks"] = aclient.metrics.fallbacks
                 await aclient.aclose()

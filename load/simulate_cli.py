@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                                  + ", ".join(bench.PREDICTED_POLICIES))
         epp_config = None
         if args.epp_config:
-            from epp_client.config import build_scheduler
-            from epp_client.wellknown import config_text
+            from epp_client.framework.loader import build_scheduler
+            from epp_client.profiles import config_text
 
             try:
                 epp_config = config_text(args.epp_config)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import random
 
-from epp_client.plugins.harm import DecodeHarmFilter
-from epp_client.scheduler import Scheduler
+from epp_client.framework.loader import build_scheduler
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+from epp_client.profiles import config_text
 from epp_client.training import ListSink
-from epp_client.wellknown import config_text
 from load import bench_epp
 
 
 def test_inflight_requests_stay_running_and_reach_the_harm_filter(monkeypatch):
-    sched = Scheduler.from_config(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
-                                  sink=ListSink(10), rng=random.Random(1))
+    sched = build_scheduler(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
+                            sink=ListSink(10), rng=random.Random(1))
     seen = []
     assess = DecodeHarmFilter.assess
 
@@ -29,8 +29,8 @@ def test_inflight_requests_stay_running_and_reach_the_harm_filter(monkeypatch):
     assert seen and max(seen) > 0                     # running requests were there to judge
     assert sum(len(sched.producer.running.requests(f"pod{i // 2}-rank-{i % 2}")) for i in range(4)) == 64
     seen.clear()
-    sched2 = Scheduler.from_config(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
-                                   sink=ListSink(10), rng=random.Random(1))
+    sched2 = build_scheduler(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
+                             sink=ListSink(10), rng=random.Random(1))
     bench_epp.run_sync(sched2, workload, warmup=100)  # completed at once: nothing running
     assert max(seen) == 0
 

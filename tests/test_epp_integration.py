@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.config import REFERENCE_CONFIG
+from epp_client.framework.loader import build_scheduler
 from epp_client.predictor import PredictorClient
-from epp_client.scheduler import Scheduler
+from epp_client.profiles import REFERENCE_CONFIG
 from epp_client.training import TrainingReporter
 from load.ports import free_port
 from test_epp_client import inject
@@ -97,8 +97,8 @@ def test_reference_wiring_1000_requests_with_real_servers(servers):
     t = [1000.0]
     client = PredictorClient(purls, deadline_ms=2000)  # generous: CI machines are shared
     reporter = TrainingReporter(turl, flush_interval_s=0.2)
-    sched = Scheduler.from_config(REFERENCE_CONFIG, predictor=client, sink=reporter, rng=random.Random(7),
-                                  clock=lambda: t[0])
+    sched = build_scheduler(REFERENCE_CONFIG, predictor=client, sink=reporter, rng=random.Random(7),
+                            clock=lambda: t[0])
     base = _get(turl + "/data/status")[1]["inserted_since_start"]
     eps = cluster()
     picks = {"none": Counter(), "slo": Counter()}
@@ -148,7 +148,7 @@ def test_fallback_with_prediction_servers_stopped(servers):
     turl, _ = servers
     proc, purl = _start(["prediction_server", "--training-server-url", ""], free_port())
     client = PredictorClient([purl], deadline_ms=50)
-    sched = Scheduler.from_config(REFERENCE_CONFIG, predictor=client, rng=random.Random(3))
+    sched = build_scheduler(REFERENCE_CONFIG, predictor=client, rng=random.Random(3))
     try:
         res = sched.schedule(InferenceRequest(input_tokens=500), cluster())
         assert res.ok
@@ -180,7 +180,7 @@ def test_fallback_with_a_slow_prediction_server():
 
     with inject(answer, hold=True) as slow:  # failure injection: answers only once released
         client = PredictorClient([slow.url], deadline_ms=50, failure_threshold=1000)
-        sched = Scheduler.from_config(REFERENCE_CONFIG, predictor=client, rng=random.Random(4))
+        sched = build_scheduler(REFERENCE_CONFIG, predictor=client, rng=random.Random(4))
         for _ in range(3):
             res = sched.schedule(InferenceRequest(input_tokens=500), cluster())
             assert res.ok and max(res.scores, key=res.scores.get) == "pod0-rank-0"

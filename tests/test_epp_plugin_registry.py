@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest
-from epp_client.config import build_scheduler
-from epp_client.params import Plugin, param
-from epp_client.plugins import (DisaggProfileHandler, PredictedLatencyProducer, ProbabilisticAdmitter,
-                                SloHeadroomTierFilter)
-from epp_client.plugins.protocols import Filter, Scorer
-from epp_client.plugins.registry import discover, plugin, reference, role_of
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.params import Plugin, param
+from epp_client.framework.protocols import Filter, Scorer
+from epp_client.framework.registry import discover, plugin, reference, role_of
+from epp_client.plugins import (
+    DisaggProfileHandler,
+    PredictedLatencyProducer,
+    ProbabilisticAdmitter,
+    SloHeadroomTierFilter,
+)
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -50,9 +54,9 @@ def _write_package(tmp_path: Path, monkeypatch, name: str, modules: dict[str, st
 
 
 SCORER_MODULE = """
-    from epp_client.params import Plugin, param, within
-    from epp_client.plugins.protocols import Scorer
-    from epp_client.plugins.registry import plugin
+    from epp_client.framework.params import Plugin, param, within
+    from epp_client.framework.protocols import Scorer
+    from epp_client.framework.registry import plugin
 
     @plugin("constant-scorer", Scorer)
     class ConstantScorer(Plugin):
@@ -165,6 +169,6 @@ def test_the_doc_lists_the_declared_parameters():
     assert m, "docs/plugins.md lost its parameter reference markers"
     assert m.group(1) == reference(), (
         "docs/plugins.md B6 differs from the declarations; regenerate it with "
-        "python -c 'from epp_client.plugins.registry import reference; print(reference(), end=\"\")'")
+        "python -c 'from epp_client.framework.registry import reference; print(reference(), end=\"\")'")
     assert "`disagg-profile-handler` | ProfileHandler | (structured)" in m.group(1)
     assert DisaggProfileHandler.__doc__

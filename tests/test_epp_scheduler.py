@@ -10,13 +10,23 @@ from collections import Counter
 import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG
-from epp_client.inflight import InFlightTracker
-from epp_client.plugins import (KVCacheUtilizationScorer, LatencyScorer, LatencySloAdmitter, MaxScorePicker,
-                                PredictedLatencyProducer, PrefixCacheAffinityFilter, QueueScorer,
-                                SloHeadroomTierFilter, WeightedRandomPicker)
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
+from epp_client.plugins import (
+    KVCacheUtilizationScorer,
+    LatencyScorer,
+    LatencySloAdmitter,
+    MaxScorePicker,
+    PredictedLatencyProducer,
+    PrefixCacheAffinityFilter,
+    QueueScorer,
+    SloHeadroomTierFilter,
+    WeightedRandomPicker,
+)
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.predictor import InProcessPredictor
-from epp_client.scheduler import Scheduler, SchedulingProfile
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, REFERENCE_CONFIG
 from epp_client.training import ListSink
 from features.loaded import LoadedBundle
 
@@ -35,8 +45,8 @@ def prior_predictor():
 
 
 def ref(predictor=None, sink=None, seed=1, config=REFERENCE_CONFIG):
-    return Scheduler.from_config(config, predictor=predictor if predictor is not None else prior_predictor(),
-                                 sink=sink if sink is not None else ListSink(), rng=random.Random(seed))
+    return build_scheduler(config, predictor=predictor if predictor is not None else prior_predictor(),
+                           sink=sink if sink is not None else ListSink(), rng=random.Random(seed))
 
 
 def test_reference_wiring_loads_as_it_is():
@@ -110,7 +120,7 @@ def test_profile_clamps_scores_and_applies_weights():
 
 
 def test_default_profile_without_config():
-    s = Scheduler.from_config(None)
+    s = build_scheduler(None)
     (prof,) = s.profiles
     assert [(type(sc).__name__, w) for sc, w in prof.scorers] == [
         ("QueueScorer", 2.0), ("KVCacheUtilizationScorer", 2.0), ("PrefixCacheScorer", 3.0)]
@@ -198,8 +208,8 @@ def test_async_schedule_and_producer_timeout():
 def test_lifecycle_through_the_scheduler_updates_inflight_and_trains():
     sink = ListSink()
     t = [10.0]
-    s = Scheduler.from_config(REFERENCE_CONFIG, predictor=prior_predictor(), sink=sink, rng=random.Random(2),
-                              clock=lambda: t[0])
+    s = build_scheduler(REFERENCE_CONFIG, predictor=prior_predictor(), sink=sink, rng=random.Random(2),
+                        clock=lambda: t[0])
     eps = cluster()
     r = InferenceRequest(request_id="abc", input_tokens=800)  # 50 uncached blocks of 16
     res = s.schedule(r, eps)
@@ -239,7 +249,7 @@ def test_lifecycle_through_the_scheduler_updates_inflight_and_trains():
 ])
 def test_invalid_configs_name_the_parameter(config, bad):
     with pytest.raises(ConfigError) as ei:
-        Scheduler.from_config(config)
+        build_scheduler(config)
     assert ei.value.param == bad
 
 
@@ -248,10 +258,10 @@ def test_config_defaults_picker_and_implicit_profile():
                        {"name": "wr", "type": "weighted-random-picker", "parameters": {"maxNumOfEndpoints": 2}},
                        {"type": "single-profile-handler"}],
            "schedulingProfiles": [{"name": "a", "plugins": [{"pluginRef": "queue-scorer", "weight": 3}]}]}
-    s = Scheduler.from_config(cfg, rng=random.Random(1))
+    s = build_scheduler(cfg, rng=random.Random(1))
     assert s.profiles[0].picker.max_num_of_endpoints == 2  # first configured picker
     assert len(s.schedule(InferenceRequest(), cluster()).picked) == 2
-    implicit = Scheduler.from_config({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}]})
+    implicit = build_scheduler({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}]})
     assert [type(sc).__name__ for sc, _ in implicit.profiles[0].scorers] == ["QueueScorer", "KVCacheUtilizationScorer"]
     assert isinstance(implicit.profiles[0].picker, MaxScorePicker)
 
@@ -266,7 +276,7 @@ def test_python_composition_equals_config():
             SloHeadroomTierFilter(rng=rng1),
             PrefixCacheAffinityFilter(0.80, ttft_source="latencyPredictor", max_ttft_penalty_ms=5000, rng=rng1)],
             [(LatencyScorer(), 1.0)], WeightedRandomPicker(rng=rng1)), inflight=InFlightTracker())
-    from_cfg = Scheduler.from_config(REFERENCE_CONFIG, predictor=pred, sink=ListSink(), rng=rng2)
+    from_cfg = build_scheduler(REFERENCE_CONFIG, predictor=pred, sink=ListSink(), rng=rng2)
     eps = cluster()
     for i in range(50):
         h = {"x-llm-d-slo-ttft-ms": str(300 + 20 * i)}
@@ -302,3 +312,73 @@ def test_prometheus_collector_exposes_the_counters():
     assert 'epp_producer_events_total{event="predictions"} 5.0' in text
     assert sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("epp_inflight_requests{")) == 5
+
+
+def test_every_plugin_with_request_hooks_follows_the_request_in_one_order():
+    """RequestHooks: the in-flight accounting, then each profile plugin that has the hooks, then
+    the producer, for every call; a denied request is discarded by all of them."""
+    from epp_client import Admission
+    from epp_client.framework.protocols import RequestHooks, RequestHooksBase
+    from epp_client.plugins import MaxScorePicker
+
+    calls: list[tuple[str, str]] = []
+
+    class Recorder(RequestHooksBase):
+        def __init__(self, name):
+            self.name = name
+
+        def pre_request(self, request, picks, now=None):
+            calls.append((self.name, "pre_request:" + ",".join(e.name for e in picks.values())))
+
+        def on_chunk(self, request_id, now=None, tokens=None):
+            calls.append((self.name, "on_chunk"))
+
+        def on_complete(self, request_id, now=None, *, status=200, aborted=False, output_tokens=None):
+            calls.append((self.name, f"on_complete:{status}"))
+
+        def discard(self, request_id):
+            calls.append((self.name, "discard"))
+
+    class HookedScorer(Recorder):
+        def score(self, request, endpoints):
+            return {e.name: 1.0 for e in endpoints}
+
+    class HookedTracker(Recorder, InFlightTracker):
+        def __init__(self):
+            InFlightTracker.__init__(self)
+            self.name = "inflight"
+
+        def pre_request(self, request, picks, now=None):
+            InFlightTracker.pre_request(self, request, picks, now)
+            Recorder.pre_request(self, request, picks, now)
+
+    class HookedProducer(Recorder):
+        def produce(self, request, endpoints, now=None):
+            pass
+
+        async def aproduce(self, request, endpoints, now=None):
+            pass
+
+    scorer, producer, tracker = HookedScorer("scorer"), HookedProducer("producer"), HookedTracker()
+    assert isinstance(scorer, RequestHooks) and isinstance(tracker, RequestHooks)
+    sched = Scheduler(producer, [], [SchedulingProfile("default", [], [(scorer, 1.0)], MaxScorePicker())], tracker)
+    eps = [Endpoint(name="a", metrics=EndpointMetrics())]
+    req = InferenceRequest(request_id="r1", input_tokens=10)
+    res = sched.schedule(req, eps)
+    sched.pre_request(req, res)
+    assert tracker.load("a").requests == 1               # the tracker still counts
+    sched.on_chunk("r1")
+    sched.on_complete("r1", status=503)
+    order = ["inflight", "scorer", "producer"]
+    assert calls == [(n, "pre_request:a") for n in order] + [(n, "on_chunk") for n in order] + [
+        (n, "on_complete:503") for n in order]
+    calls.clear()
+
+    class Deny:
+        def admit(self, request, endpoints):
+            return Admission(False, "denied", 429)
+
+    strict = Scheduler(producer, [Deny()], [SchedulingProfile("default", [], [(scorer, 1.0)], MaxScorePicker())],
+                       tracker)
+    denied = strict.schedule(InferenceRequest(request_id="r2"), eps)
+    assert denied.status == 429 and calls == [(n, "discard") for n in order]

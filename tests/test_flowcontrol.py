@@ -7,11 +7,24 @@ import math
 import pytest
 
 from epp_client import ConfigError
-from epp_client.config import build_scheduler
-from epp_client.flowcontrol import (REJECTED_CAPACITY, REJECTED_TTL, BandConfig, ConcurrencyDetector, EndpointLoad,
-                                    FlowController, GlobalStrictFairness, ProgramAwareFairness, QueueView,
-                                    RoundRobinFairness, UtilizationDetector, build_flow_control, fairness_id,
-                                    jains_index, make_detector)
+from epp_client.flowcontrol import (
+    REJECTED_CAPACITY,
+    REJECTED_TTL,
+    BandConfig,
+    ConcurrencyDetector,
+    EndpointLoad,
+    FlowController,
+    GlobalStrictFairness,
+    ProgramAwareFairness,
+    QueueView,
+    RoundRobinFairness,
+    UtilizationDetector,
+    build_flow_control,
+    fairness_id,
+    jains_index,
+    make_detector,
+)
+from epp_client.framework.loader import build_scheduler
 
 
 class Clock:

@@ -9,13 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from epp_client.framework.loader import build_scheduler
+from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.flowgate import FlowGate
 from gateway.settings import GatewaySettings
 from load.gateway_configs import concurrency_gate_config
-from epp_client.scheduler import Scheduler
-from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 
 BASE = """
 plugins:
@@ -35,7 +35,7 @@ def start(tmp, urls, text):
     cfg.write_text(text)
     s = GatewaySettings(endpoints=urls, port=free_port(), config=str(cfg), scrape_interval_s=0.05,
                         admin_token=ADMIN_TOKEN)
-    router = FlowGate.wrap(Scheduler.from_config(text), text, s.scrape_interval_s)
+    router = FlowGate.wrap(build_scheduler(text), text, s.scrape_interval_s)
     assert isinstance(router, FlowGate)
     return ServerThread(build_app(Gateway(s, router)), s.port).start()
 

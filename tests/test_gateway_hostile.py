@@ -10,14 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import orjson
 
-from epp_client.inflight import InFlightTracker
-from epp_client.scheduler import Scheduler, SchedulingProfile
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
+from epp_client.plugins.producer.inflight_load import InFlightTracker
+from fake_engine import ADMIN, ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.flowgate import FlowGate
 from gateway.settings import GatewaySettings
 from load.gateway_configs import concurrency_gate_config
-from fake_engine import ADMIN, ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from test_gateway_proxy import FixedOrder, wait_until
 
 FLOW = concurrency_gate_config(4, "30s", priority_bands=(10,))
@@ -32,7 +34,7 @@ def start(urls, router, clock=time.monotonic, **kw):
 
 
 def flow_gate(inner=None) -> FlowGate:
-    router = FlowGate.wrap(inner or Scheduler.from_config(FLOW), FLOW, 0.05)
+    router = FlowGate.wrap(inner or build_scheduler(FLOW), FLOW, 0.05)
     assert isinstance(router, FlowGate)
     return router
 

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from conftest import REPO
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
+from epp_client.heuristics import LeastLoadScheduler
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG
+from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
-from epp_client.heuristics import LeastLoadScheduler
 from gateway.settings import GatewaySettings
-from fake_engine import ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 DISCONNECTS = re.compile(r'^latency_gateway_client_disconnects_total\{stage="(\w+)"\} (\S+)$', re.M)
 
@@ -132,8 +132,9 @@ class _HoldTwice:
 
 
 def test_a_held_request_waits_at_the_gateway_and_is_scheduled_again(engines):
-    from epp_client.inflight import InFlightTracker
-    from epp_client.scheduler import Scheduler, SchedulingProfile
+    from epp_client.framework.profile import SchedulingProfile
+    from epp_client.framework.scheduler import Scheduler
+    from epp_client.plugins.producer.inflight_load import InFlightTracker
 
     engines[0].state.token_delay = 0.0
     before = engines[0].state.completed

@@ -9,14 +9,15 @@ import re
 import httpx
 import pytest
 
-from epp_client.scheduler import Scheduler
+from epp_client.framework.loader import build_scheduler
+from epp_client.plugins.handler.opt_in import with_opt_in
+from epp_client.profiles import RECOMMENDED_CONFIG
 from epp_client.training import ListSink
-from epp_client.wellknown import RECOMMENDED_CONFIG, with_opt_in
+from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.settings import GatewaySettings, SettingsError
-from fake_engine import ADMIN_TOKEN, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
-from test_epp_opt_in import FixedPredictor
+from test_handler_opt_in import FixedPredictor
 
 WARM_UP_FALLBACKS = re.compile(r'^latency_gateway_fallbacks_total\{reason="warm-up"\} (\S+)$', re.M)
 
@@ -24,8 +25,8 @@ WARM_UP_FALLBACKS = re.compile(r'^latency_gateway_fallbacks_total\{reason="warm-
 def test_the_header_picks_the_profile_through_a_real_gateway(engines):
     engines[1].state.waiting = 8          # the predicted TTFT grows with the queue: engine a is best
     predictor = FixedPredictor(source="prior")
-    router = Scheduler.from_config(with_opt_in(RECOMMENDED_CONFIG), predictor=predictor, sink=ListSink(),
-                                   rng=random.Random(3))
+    router = build_scheduler(with_opt_in(RECOMMENDED_CONFIG), predictor=predictor, sink=ListSink(),
+                             rng=random.Random(3))
     s = GatewaySettings(endpoints=[e.url for e in engines], port=free_port(), scrape_interval_s=0.05,
                         admin_token=ADMIN_TOKEN)
     gw = Gateway(s, router)

@@ -1,23 +1,22 @@
 """Gateway proxy behaviour against a fake OpenAI-compatible streaming engine on loopback."""
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
 import orjson
 import pytest
 
+from epp_client.heuristics import LeastLoadScheduler
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
+from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
-from epp_client.plugins.prefix import ApproxPrefixProducer
 from gateway.prompt import BodyError, block_hashes, extract_prompt
-from epp_client.heuristics import LeastLoadScheduler
 from gateway.routing import to_endpoint
 from gateway.scrape import EndpointState, parse_metrics
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.sse import StreamObserver
-from fake_engine import FakeEngine, ServerThread, engines, free_port  # noqa: F401 (fixture)
 
 
 class FixedOrder(LeastLoadScheduler):

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from epp_client.config import PREDICTED_LATENCY_SLO_CONFIG
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG
+from fake_engine import ADMIN_TOKEN, FakeEngine, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from gateway.app import build_app
 from gateway.core import Gateway
 from gateway.routing import build_scheduler
 from gateway.settings import GatewaySettings
-from fake_engine import ADMIN_TOKEN, FakeEngine, ServerThread, admin_get, engines, free_port  # noqa: F401 (fixture)
 from load.ports import free_ports
 
 ADMITTER_CONFIG = PREDICTED_LATENCY_SLO_CONFIG  # includes latency-slo-admitter

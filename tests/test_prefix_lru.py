@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import pytest
 
-from epp_client.plugins.prefix_lru import GENERATIONS, GenerationLRU
+from epp_client.plugins.producer.prefix_lru import GENERATIONS, GenerationLRU
 
 
 class ExactLRU:
@@ -176,7 +176,7 @@ def _endpoint(name: str, gpu_blocks: int = 0, block_size: int = 0):
 
 
 def test_an_endpoint_reporting_its_kv_cache_gets_an_index_of_that_many_tokens():
-    from epp_client.plugins.prefix import ApproxPrefixProducer
+    from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 
     p = ApproxPrefixProducer(64, lru_capacity_per_endpoint=1_000)
     eps = [_endpoint("a", 100, 16), _endpoint("b")]       # a: 1,600 tokens = 25 blocks of 64; b: nothing reported
@@ -198,7 +198,7 @@ def test_an_endpoint_reporting_its_kv_cache_gets_an_index_of_that_many_tokens():
 
 
 def test_a_changed_kv_cache_resizes_the_index_keeping_the_most_recent_blocks():
-    from epp_client.plugins.prefix import ApproxPrefixProducer
+    from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 
     p = ApproxPrefixProducer(64)
     p.produce([0], [_endpoint("a", 400, 16)])           # 100 blocks
@@ -214,7 +214,7 @@ def test_a_changed_kv_cache_resizes_the_index_keeping_the_most_recent_blocks():
 
 
 def test_auto_tune_parameters_are_checked():
-    from epp_client.plugins.prefix import ApproxPrefixProducer
+    from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
     from epp_client.types import ConfigError
 
     with pytest.raises(ConfigError, match="autoTuneCapacity"):

@@ -141,3 +141,30 @@ def test_every_variable_is_declared_with_help_and_each_class_has_distinct_names(
     for cls in (TrainingSettings, PredictionSettings, PredictorSettings, ReporterSettings):
         assert cls.from_env({}) == cls()
     assert GatewaySettings.from_env({"LATENCY_GATEWAY_ENDPOINTS": "http://e:1"}).endpoints == ["http://e:1"]
+
+
+def test_the_gateway_prefix_settings_are_the_prefix_plugins_parameters():
+    """Declared once (approx-prefix-cache-producer): the gateway's defaults and bounds are the
+    plugin's, so a change there shows here."""
+    from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
+
+    plugin = ApproxPrefixProducer()
+    s = GatewaySettings(endpoints=["http://127.0.0.1:9"])
+    assert (s.block_size_tokens, s.max_prefix_blocks, s.lru_capacity_per_endpoint) == (
+        plugin.block_size_tokens, plugin.max_prefix_blocks, plugin.lru_capacity_per_endpoint) == (64, 2048, 31250)
+    env = {"LATENCY_GATEWAY_ENDPOINTS": "http://127.0.0.1:9", "LATENCY_GATEWAY_BLOCK_SIZE_TOKENS": "32"}
+    assert GatewaySettings.from_env(env).block_size_tokens == 32
+    for bad, msg in (("0", "must be > 0"), ("x", "must be an integer")):
+        with pytest.raises(SettingsError, match=f"LATENCY_GATEWAY_BLOCK_SIZE_TOKENS: {msg}"):
+            GatewaySettings.from_env(dict(env, LATENCY_GATEWAY_BLOCK_SIZE_TOKENS=bad))
+    with pytest.raises(SettingsError, match="max_prefix_blocks"):
+        GatewaySettings(endpoints=["http://127.0.0.1:9"], max_prefix_blocks=0)
+
+
+def test_gateway_priorities_and_objectives_take_integers_only():
+    assert GatewaySettings.from_env({"LATENCY_GATEWAY_ENDPOINTS": "http://127.0.0.1:9",
+                                     "LATENCY_GATEWAY_PRIORITIES": "3, -1"}).priorities == [-1, 3]
+    assert GatewaySettings(endpoints=["http://127.0.0.1:9"], objectives={"batch": -1}).objectives == {"batch": -1}
+    for bad in ({"objectives": {"batch": True}}, {"objectives": ["batch"]}, {"priorities": "1,x"}):
+        with pytest.raises(SettingsError, match="integer"):
+            GatewaySettings(endpoints=["http://127.0.0.1:9"], **bad)

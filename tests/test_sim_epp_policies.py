@@ -5,12 +5,12 @@ import json
 
 import pytest
 
+from epp_client import Endpoint, InferenceRequest, InFlightLoad
+from epp_client.plugins import InFlightTokenScorer
 from features.schema import parse_training_entry
 from load import simulate_cli
 from load.sim import bench
-from epp_client.plugins import InFlightTokenScorer
 from load.sim.scenarios import get_scenario
-from epp_client import Endpoint, InFlightLoad, InferenceRequest
 
 
 def _run(policy, seed=0, limit=300, load=0.9, scenario="standard-small", **kw):
@@ -81,7 +81,7 @@ def test_predicted_policy_learns_online_and_routes_with_predictions():
 
 def test_epp_config_option_runs_a_user_config_and_rejects_a_bad_one(tmp_path, capsys):
     predicted_deps("training_server.worker")
-    from epp_client.wellknown import RECOMMENDED_CONFIG
+    from epp_client.profiles import RECOMMENDED_CONFIG
 
     good = tmp_path / "mine.yaml"
     good.write_text(RECOMMENDED_CONFIG)
@@ -114,12 +114,12 @@ def test_predicted_policy_against_real_servers_on_loopback(tmp_path):
     predicted_deps("training_server.app")
     import httpx
 
+    from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG
     from prediction_server.app import create_app as prediction_app
     from prediction_server.settings import Settings as PSettings
+    from support.servers import run_app
     from training_server.app import create_app as training_app
     from training_server.settings import Settings as TSettings
-    from epp_client.wellknown import PREDICTED_LATENCY_SLO_CONFIG
-    from support.servers import run_app
 
     tset = TSettings.from_env({}, data_dir=str(tmp_path / "train"), retraining_interval_sec=0.5,
                               min_samples_for_retrain=50)
@@ -147,7 +147,7 @@ def _same(a: dict, b: dict) -> dict:
 
 
 def test_predicted_runs_the_recommended_profile_and_predicted_llmd_the_llmd_config():
-    from epp_client.wellknown import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG
+    from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG
     from load.sim import epp_routers
 
     assert epp_routers.PREDICTED_CONFIGS["predicted"][0] == RECOMMENDED_CONFIG
@@ -163,7 +163,8 @@ def test_predicted_runs_the_recommended_profile_and_predicted_llmd_the_llmd_conf
 
 def test_opt_in_share_0_is_the_heuristic_and_share_1_the_predicted_policy(tmp_path):
     predicted_deps("training_server.worker")
-    from epp_client.wellknown import RECOMMENDED_CONFIG, with_opt_in
+    from epp_client.plugins.handler.opt_in import with_opt_in
+    from epp_client.profiles import RECOMMENDED_CONFIG
 
     kw = {"limit": 150, "load": 0.8, "retrain_interval_s": 20.0}
     # the profile's prefix index sized as the simulator's llm-d policies size theirs (fixed), the

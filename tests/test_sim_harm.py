@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from epp_client.plugins.harm import DecodeHarmFilter, Outcome, TwinEngine
+from epp_client.engine.model import Outcome
+from epp_client.engine.twin import TwinEngine
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+from epp_client.profiles import config_text
 from epp_client.types import Endpoint
-from epp_client.wellknown import config_text
 from load import simulate_cli
 from load.sim import bench
 from load.sim.harm_oracle import TrueEngine, TrueHarm

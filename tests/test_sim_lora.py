@@ -2,21 +2,18 @@
 cost, scraped metrics), the lora-v1 filter tree, and the multi-LoRA policies end to end."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
+from epp_client.framework.loader import build_scheduler
+from load.sim import workloads as W
 from load.sim.adapters import AdapterSlots, LoraSpec
-from load.sim.bench import RunOptions, make_router, run_one
-from load.sim.engine import ClusterConfig, Simulation
+from load.sim.bench import RunOptions, run_one
 from load.sim.lora_v1 import v1_candidates
+from load.sim.lora_workloads import LoraSetup, zipf_adapters
 from load.sim.request import SimRequest
-from load.sim.routers import RoundRobinRouter
 from load.sim.scenarios import Scenario, _pool
 from load.sim.server import Metrics, ModelServer
 from load.sim.stepmodel import get_preset
-from load.sim import workloads as W
-from load.sim.lora_workloads import LoraSetup, zipf_adapters
 
 SPEC = get_preset("llama3-8b-a100")
 
@@ -197,13 +194,12 @@ def test_adapters_load_in_batch_order():
 
 def test_predicted_lora_history_is_the_recommended_profile_with_the_history_scorer():
     from epp_client.plugins import KVCacheUtilizationScorer, LatencyScorer, LoraAffinityScorer
-    from epp_client.scheduler import Scheduler
-    from epp_client.wellknown import RECOMMENDED_CONFIG
+    from epp_client.profiles import RECOMMENDED_CONFIG
     from load.sim.epp_routers import PREDICTED_CONFIGS, PREDICTED_LORA_HISTORY_CONFIG
 
     assert PREDICTED_CONFIGS["predicted-lora-history"][0] == PREDICTED_LORA_HISTORY_CONFIG
-    (rec,) = Scheduler.from_config(RECOMMENDED_CONFIG).profiles
-    (prof,) = Scheduler.from_config(PREDICTED_LORA_HISTORY_CONFIG).profiles
+    (rec,) = build_scheduler(RECOMMENDED_CONFIG).profiles
+    (prof,) = build_scheduler(PREDICTED_LORA_HISTORY_CONFIG).profiles
     kinds = {type(sc): w for sc, w in prof.scorers}
     assert kinds == {LatencyScorer: 1.0, LoraAffinityScorer: 0.75, KVCacheUtilizationScorer: 1.0}
     lora = next(sc for sc, _ in prof.scorers if isinstance(sc, LoraAffinityScorer))

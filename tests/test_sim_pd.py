@@ -193,7 +193,7 @@ def test_a_request_whose_admission_fails_keeps_its_received_kv():
     srv.kv.allocate(full)                     # no page left: admission fails
     srv.add(req, 0.0)
     assert srv.plan_step(0.0) == 0.0 and req.rid in srv.remote_kv
-    srv.kv.release_private(full)
+    srv.kv.free += full                       # the pages come back
     assert srv.plan_step(0.0) > 0 and req.computed == 3999 and req.rid not in srv.remote_kv
 
 

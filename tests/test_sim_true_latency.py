@@ -5,12 +5,11 @@ import json
 
 import pytest
 
-from epp_client.wellknown import RECOMMENDED_CONFIG
+from epp_client.profiles import RECOMMENDED_CONFIG
 from load import simulate_cli
 from load.sim import bench
 from load.sim.scenarios import get_scenario
 from load.sim.true_latency import TrueLatencyPredictor
-
 
 #: the recommended profile without holds: one prediction per request (a held request is scheduled,
 #: and with true latencies simulated forward on every candidate, again every 50 ms)

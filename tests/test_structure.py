@@ -18,11 +18,17 @@ SERVERS = ("training_server", "prediction_server")
 PRODUCT = ("features", "training_server", "prediction_server", "epp_client", "gateway", "latency_cli")
 
 
-def imported_modules(source: str, package: str) -> set[str]:
+def imported_modules(source: str, package: str, *, runtime: bool = False) -> set[str]:
     """Absolute names of every module ``source`` imports (at any depth), relative imports
-    resolved against ``package`` (the dotted package of the module)."""
+    resolved against ``package`` (the dotted package of the module). ``runtime``: leave out
+    the imports under ``if TYPE_CHECKING:`` (read by type checkers only, never run)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    if runtime:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -106,3 +112,128 @@ def test_both_servers_render_the_same_prediction_object():
     assert ours == theirs
     assert ours["predicted_at"] == "2026-09-21T14:13:20.250Z" and ours["model_type"] == "prior"
     assert ours["ttft_prediction_bounds"][0] <= 123.5 <= ours["ttft_prediction_bounds"][1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_graph(packages: tuple[str, ...] = PRODUCT) -> dict[str, set[str]]:
+    """{module: modules it imports} over ``packages``, as Python runs them: an import inside a
+    function counts, one under ``if TYPE_CHECKING:`` does not; importing ``a.b.c`` also runs
+    ``a`` and ``a.b`` (their ``__init__``), except the importer's own parent packages, which
+    are loaded already."""
+    sources = {module_name(p): p for pkg in packages for p in sorted((REPO / pkg).rglob("*.py"))
+               if "__pycache__" not in p.parts}
+    graph: dict[str, set[str]] = {}
+    for mod, path in sources.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        ancestors = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+        deps: set[str] = set()
+        for name in imported_modules(path.read_text(encoding="utf-8"), package, runtime=True):
+            parts = name.split(".")
+            deps.update(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                        if m in sources and m not in ancestors and m != mod)
+        graph[mod] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_scan_finds_a_late_import_cycle():
+    """Positive witness: a cycle closed only by an import inside a function is found, and an
+    import of a sibling's parent package counts (it runs that package's ``__init__``)."""
+    graph = {"a.x": {"a.y"}, "a.y": set(), "b": {"c"}, "c": set()}
+    assert cycles(graph) == []
+    graph["a.y"].add("a.x")
+    graph["c"].add("b")
+    assert cycles(graph) == [["a.x", "a.y"], ["b", "c"]]
+    mods = imported_modules("def f():\n    from ..config import build\n", "epp_client.flowcontrol")
+    assert "epp_client.config" in mods
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import Gateway\n"
+    assert "gateway.core" in imported_modules(typing_only, "gateway")
+    assert "gateway.core" not in imported_modules(typing_only, "gateway", runtime=True)
+    graph = import_graph()
+    assert "epp_client.types" in graph["epp_client"] and len(graph) > 80
+
+
+def test_no_import_cycle_among_product_modules():
+    assert cycles(import_graph()) == [], "break the cycle: move the shared part down, pass objects in"
+
+
+def plugin_modules() -> dict[Path, list[str]]:
+    """{plugin module: the type names it registers} (``@plugin("type", Role)``), read with ast."""
+    out: dict[Path, list[str]] = {}
+    for path in sorted((REPO / "epp_client" / "plugins").rglob("*.py")):
+        types = [d.args[0].value if isinstance(d.args[0], ast.Constant) else ast.unparse(d.args[0])
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.ClassDef)
+                 for d in node.decorator_list
+                 if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "plugin" and d.args]
+        if types:
+            out[path] = types
+    return out
+
+
+def test_one_plugin_type_a_module_in_its_role_folder_each_with_its_test_file():
+    """``epp_client/plugins/<role>/<type>.py`` registers one type; ``tests/test_<role>_<type>.py`` tests it."""
+    mods = plugin_modules()
+    assert len(mods) >= 25, sorted(str(p) for p in mods)      # the scan sees the plugins
+    rel = {str(p.relative_to(REPO / "epp_client" / "plugins")): types for p, types in mods.items()}
+    assert rel["scorer/latency.py"] == ["latency-scorer"]
+    assert {f: t for f, t in rel.items() if len(t) != 1} == {}, "one plugin type a module"
+    assert [f for f in rel if f.count("/") != 1] == [], "plugins live in plugins/<role>/<type>.py"
+    missing = sorted(f"tests/test_{f.removesuffix('.py').replace('/', '_')}.py" for f in rel
+                     if not (REPO / "tests" / f"test_{f.removesuffix('.py').replace('/', '_')}.py").is_file())
+    assert missing == [], "each plugin module has its test file"
+
+
+def test_the_framework_imports_no_plugin():
+    """Not even through another module: the plugins are found by type name (the registry)."""
+    graph = import_graph()
+    reach: set[str] = set()
+    todo = [m for m in graph if m.startswith("epp_client.framework")]
+    assert "epp_client.framework.scheduler" in todo
+    while todo:
+        m = todo.pop()
+        for d in graph.get(m, ()):
+            if d not in reach:
+                reach.add(d)
+                todo.append(d)
+    assert "epp_client.types" in reach      # the scan follows the framework's imports
+    assert sorted(m for m in reach if m.startswith("epp_client.plugins")) == []

@@ -1,11 +1,11 @@
-"""The engine twin (epp_client.twin): continuous batching stepped forward from the router's view."""
+"""The engine twin (epp_client.engine.twin): continuous batching stepped forward from the router's view."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from epp_client.twin import Running, StepModel, forward, placement
+from epp_client.engine.twin import Running, StepModel, forward, placement
 
 #: 10 ms a step plus 0.01 ms a token: a 2,048-token prefill step takes 30.48 ms, a one-decode step 10.01
 FLAT = StepModel(fixed_ms=10.0, per_token_ms=0.01, per_context_token_ms=0.0, decode_ms=0.0, per_prefill_pair_ms=0.0)
@@ -96,7 +96,7 @@ def test_the_run_without_the_request_resumed_where_they_part_is_the_run_from_scr
     # the run without it from now (forward) must give the same count, to the last bit
     import random
 
-    from epp_client.twin import _over
+    from epp_client.engine.twin import _over
 
     rng = random.Random(7)
     models = (StepModel(), FLAT, StepModel(1.0, 0.1, 0.001, 5.0, 1e-4, speed=1.7))

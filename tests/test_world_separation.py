@@ -6,7 +6,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from epp_client.twin import StepModel
+from epp_client.engine.twin import StepModel
 from load.sim import engines
 from load.sim.stepmodel import PRESETS
 
@@ -40,14 +40,14 @@ def test_the_simulator_never_imports_the_twin_and_the_router_never_imports_the_s
     sim_files = sorted((ROOT / "load" / "sim").glob("*.py"))
     router_files = sorted((ROOT / "epp_client").rglob("*.py"))
     assert len(sim_files) > 20 and len(router_files) > 20       # the scan sees the packages
-    twin_users = {p.name for p in sim_files if any(m == "epp_client.twin" or m.startswith("epp_client.twin.")
-                                                   for m in _imports(p))}
+    twin_users = {p.name for p in sim_files
+                  if any(m == "epp_client.engine.twin" or m.startswith("epp_client.engine.twin.") for m in _imports(p))}
     assert twin_users == set()
     load_users = {str(p.relative_to(ROOT)) for p in router_files
                   if any(m == "load" or m.startswith("load.") for m in _imports(p))}
     assert load_users == set()
     # the scan does find imports: the oracle adapter reaches the plugins through their engine interface
-    assert "epp_client.plugins.harm.Outcome" in _imports(ROOT / "load" / "sim" / "harm_oracle.py")
+    assert "epp_client.engine.model.Outcome" in _imports(ROOT / "load" / "sim" / "harm_oracle.py")
 
 
 def test_no_default_of_the_twin_is_a_constant_of_the_simulators_engine():

@@ -16,11 +16,30 @@ Public API::
     item, reason = fc.controller.enqueue(request_id, fairness_id(headers), priority)
     nxt = fc.controller.dispatch_next(fc.detector.saturation(loads, now))
 """
-from .config import FLOW_PLUGIN_TYPES, FlowControl, build_flow_control, make_detector
-from .controller import DROPPED_REASON_HEADER, REJECTED_CAPACITY, REJECTED_TTL, BandConfig, FlowController, FlowItem
-from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView, RoundRobinFairness, fairness_id
-from .program_aware import ProgramAwareFairness, jains_index
-from .saturation import DETECTOR_TYPES, USAGE_LIMIT, ConcurrencyDetector, EndpointLoad, UtilizationDetector
+from epp_client.flowcontrol.config import FLOW_PLUGIN_TYPES, FlowControl, build_flow_control, make_detector
+from epp_client.flowcontrol.controller import (
+           DROPPED_REASON_HEADER,
+           REJECTED_CAPACITY,
+           REJECTED_TTL,
+           BandConfig,
+           FlowController,
+           FlowItem,
+)
+from epp_client.flowcontrol.policies import (
+           DEFAULT_FLOW,
+           GlobalStrictFairness,
+           QueueView,
+           RoundRobinFairness,
+           fairness_id,
+)
+from epp_client.flowcontrol.program_aware import ProgramAwareFairness, jains_index
+from epp_client.flowcontrol.saturation import (
+           DETECTOR_TYPES,
+           USAGE_LIMIT,
+           ConcurrencyDetector,
+           EndpointLoad,
+           UtilizationDetector,
+)
 
 __all__ = ["ProgramAwareFairness", "GlobalStrictFairness", "RoundRobinFairness", "QueueView", "FlowController",
            "FlowItem", "BandConfig", "UtilizationDetector", "ConcurrencyDetector",

@@ -30,12 +30,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..params import parse_duration
-from ..types import ConfigError
-from .controller import BandConfig, FlowController
-from .policies import GlobalStrictFairness, RoundRobinFairness
-from .program_aware import ProgramAwareFairness
-from .saturation import DETECTOR_TYPES, ConcurrencyDetector, UtilizationDetector
+from epp_client.flowcontrol.controller import BandConfig, FlowController
+from epp_client.flowcontrol.policies import GlobalStrictFairness, RoundRobinFairness
+from epp_client.flowcontrol.program_aware import ProgramAwareFairness
+from epp_client.flowcontrol.saturation import DETECTOR_TYPES, ConcurrencyDetector, UtilizationDetector
+from epp_client.framework.config import load_config
+from epp_client.framework.params import parse_duration
+from epp_client.types import ConfigError
 
 FAIRNESS_TYPES = {c.TYPE: c for c in (GlobalStrictFairness, RoundRobinFairness, ProgramAwareFairness)}
 ORDERING_TYPES = frozenset({"fcfs-ordering-policy"})
@@ -103,9 +104,7 @@ def _keys(loc: str, obj: Any, known: tuple[str, ...]) -> Mapping:
 
 def build_flow_control(config: Mapping | str | None, clock: Callable[[], float] = time.monotonic) -> FlowControl | None:
     """None when the config has no ``flowControl`` section (flow control off)."""
-    from ..config import _load  # late: epp_client.config imports this package
-
-    cfg = _load(config)
+    cfg = load_config(config)
     if cfg.get("flowControl") is None:
         return None
     fc = _keys("flowControl", cfg["flowControl"], _FC_KEYS)

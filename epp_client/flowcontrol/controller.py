@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView
-from .saturation import USAGE_LIMIT
+from epp_client.flowcontrol.policies import DEFAULT_FLOW, GlobalStrictFairness, QueueView
+from epp_client.flowcontrol.saturation import USAGE_LIMIT
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 REJECTED_CAPACITY = "rejected-saturated"      # upstream maps a full queue to this reason

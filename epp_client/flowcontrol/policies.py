@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..params import Plugin
+from epp_client.framework.params import Plugin
 
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 FAIRNESS_HEADER_ALIAS = "x-gateway-inference-fairness-id"

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 
-from ..params import Plugin, ge, gt, one_of, param
-from .policies import DEFAULT_FLOW, QueueView, waiting
+from epp_client.flowcontrol.policies import DEFAULT_FLOW, QueueView, waiting
+from epp_client.framework.params import Plugin, ge, gt, one_of, param
 
 STRATEGIES = ("las", "turn-priority")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..params import Check, Plugin, ge, gt, one_of, param
+from epp_client.framework.params import Check, Plugin, ge, gt, one_of, param
 
 #: flow control holds requests back while the pool's saturation is at or above this
 USAGE_LIMIT = 1.0

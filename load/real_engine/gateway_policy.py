@@ -15,10 +15,12 @@ import argparse
 import logging
 import os
 
-from epp_client.inflight import InFlightTracker
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import InFlightTokenScorer, MaxScorePicker, PredictedLatencyProducer, PrefixCacheAffinityFilter
+from epp_client.plugins.producer.inflight_load import InFlightTracker
 from epp_client.predictor import PredictorClient
-from epp_client.scheduler import Scheduler, SchedulingProfile
 from epp_client.training import TrainingReporter
 from gateway.app import build_app
 from gateway.core import Gateway
@@ -27,7 +29,7 @@ from gateway.settings import GatewaySettings
 POLICIES = ("llmd-default", "llmd-token-load", "predicted", "predicted-llmd")
 #: what the harness runs unless told otherwise
 DEFAULT_POLICIES = POLICIES[:3]
-#: policy -> well-known config (epp_client.wellknown)
+#: policy -> well-known config (epp_client.profiles)
 PREDICTED_CONFIGS = {"predicted": "predicted-latency-recommended", "predicted-llmd": "predicted-latency-slo"}
 
 #: llm-d's default profile (queue 2, KV 2, prefix 3, max-score picker) plus a streaming
@@ -54,14 +56,14 @@ def build_router(policy: str, prediction_urls: list[str], training_url: str) -> 
     predictor = PredictorClient(prediction_urls)
     reporter = TrainingReporter(training_url)
     if policy == "llmd-default":
-        sched = Scheduler.from_config(LLMD_DEFAULT_CONFIG, predictor=predictor, sink=reporter)
+        sched = build_scheduler(LLMD_DEFAULT_CONFIG, predictor=predictor, sink=reporter)
     elif policy == "llmd-token-load":
         producer = PredictedLatencyProducer(predictor, reporter, streaming_mode=True)
         profile = SchedulingProfile("default", [PrefixCacheAffinityFilter(affinity_threshold=0.8)],
                                     [(InFlightTokenScorer(), 1.0)], MaxScorePicker())
         sched = Scheduler(producer, [], [profile], InFlightTracker())
     elif policy in PREDICTED_CONFIGS:
-        sched = Scheduler.from_config(PREDICTED_CONFIGS[policy], predictor=predictor, sink=reporter)
+        sched = build_scheduler(PREDICTED_CONFIGS[policy], predictor=predictor, sink=reporter)
     else:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     return sched

@@ -2,7 +2,7 @@
 
 The engine calls a router at each arrival (``route``), dispatch, first token and end of
 a request (``engine.Router``). :class:`LifecycleRouter` turns those events into the
-calls of :mod:`epp_client.lifecycle` on a policy, with simulated time, exactly as the
+calls of :mod:`epp_client.framework.lifecycle` on a policy, with simulated time, exactly as the
 gateway does with real time: ``schedule`` at arrival (candidates carry the *scraped*
 metrics and, for prefix-aware policies, the approximate prefix producer's match; the
 policy adds its own in-flight counters), ``pre_request`` at dispatch, ``on_first_chunk``
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest
-from epp_client.plugins.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
-from epp_client.plugins.opt_in import OPT_IN_HEADER
-from epp_client.plugins.prefix import ApproxPrefixProducer
+from epp_client.plugins.handler.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from epp_client.plugins.handler.opt_in import OPT_IN_HEADER
+from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
 
 from .engine import DEFERRED
 from .request import SimRequest

@@ -1,6 +1,6 @@
 """The llm-d policies in the loop, running epp_client's real decision code.
 
-Each policy is an ``epp_client.scheduler.Scheduler`` driven through its request
+Each policy is an ``epp_client.framework.scheduler.Scheduler`` driven through its request
 lifecycle by :class:`~load.sim.driver.LifecycleRouter` with simulated time (candidates
 carry the *scraped* metrics, the approximate prefix producer's match and the
 scheduler's own in-flight counters). Predicted-latency policies learn online (``online.OnlineLearner``: the training
@@ -9,7 +9,7 @@ use real servers on loopback (``RunOptions.predictor_url`` / ``training_url``).
 ``predicted`` runs the recommended profile, ``predicted-llmd`` and ``predicted-upstream``
 llm-d's predicted-latency-slo config (:data:`PREDICTED_CONFIGS`); with
 ``RunOptions.opt_in_share`` their config becomes an opt-in one
-(``epp_client.wellknown.with_opt_in``) and that share of requests carries the header.
+(``epp_client.plugins.handler.opt_in.with_opt_in``) and that share of requests carries the header.
 """
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ import json
 import random
 from typing import Any
 
-from epp_client.inflight import InFlightTracker
+from epp_client.framework.loader import build_scheduler
+from epp_client.framework.profile import SchedulingProfile, default_profile
+from epp_client.framework.scheduler import Scheduler
 from epp_client.plugins import InFlightTokenScorer, LoraAffinityScorer, MaxScorePicker, PrefixCacheAffinityFilter
-from epp_client.scheduler import Scheduler, SchedulingProfile, default_profile
-from epp_client.wellknown import OPT_IN_HANDLER, PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG, with_opt_in
+from epp_client.plugins.handler.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
+from epp_client.plugins.handler.opt_in import with_opt_in
+from epp_client.plugins.producer.inflight_load import InFlightTracker
+from epp_client.profiles import PREDICTED_LATENCY_SLO_CONFIG, RECOMMENDED_CONFIG
 from features.scoring import pinball_loss
 
 from .driver import LifecycleRouter
@@ -185,8 +189,8 @@ def make(policy: str, opts, n_servers: int) -> LifecycleRouter:
             true_harm = TrueHarm(opts.true_harm, opts.true_harm_probe)
 
         def factory(rng, clock, wall):
-            sched = Scheduler.from_config(config, predictor=predictor, sink=sink, rng=rng,
-                                          clock=clock, wall_clock=wall)
+            sched = build_scheduler(config, predictor=predictor, sink=sink, rng=rng,
+                                    clock=clock, wall_clock=wall)
             if true_harm is not None and not true_harm.install(sched):
                 raise ValueError("--true-harm: the config has no decode-harm-filter or decode-harm-scorer")
             return sched

@@ -18,7 +18,7 @@ every server's true state. It is not in the default sweep (``--policies oracle-h
 """
 from __future__ import annotations
 
-from epp_client.plugins.harm import Outcome
+from epp_client.engine.model import Outcome
 
 from .driver import LifecycleRouter, doc_note
 from .request import SimRequest
@@ -95,7 +95,7 @@ class TrueHarm:
     predicted policy judge placements with the simulator's truth instead of their engine twin, to
     see what a better estimate could give a profile (as ``--true-latencies`` does for the latency
     predictions). The truth reaches the plugins through their one engine interface
-    (:class:`epp_client.plugins.harm.EngineModel`, :meth:`use_engine_model`): per candidate, the
+    (:class:`epp_client.engine.model.EngineModel`, :meth:`use_engine_model`): per candidate, the
     server simulated forward ``probe`` decode steps past the request's first token
     (:meth:`HarmOracleScheduler.outcome`); the plugins' rule (own miss, ``maxLateness``, adapter
     and KV terms, holds) is unchanged:
@@ -120,7 +120,7 @@ class TrueHarm:
 
     def install(self, scheduler) -> int:
         """Give the harm plugins of ``scheduler``'s profiles the true engine model; how many."""
-        from epp_client.plugins.harm import DecodeHarmCount
+        from epp_client.plugins.filter.decode_harm import DecodeHarmCount
 
         n = 0
         for profile in scheduler.profiles:
@@ -140,7 +140,7 @@ class TrueHarm:
 
 
 class TrueEngine:
-    """An engine model (``epp_client.plugins.harm.EngineModel``) answering with the truth, or for
+    """An engine model (``epp_client.engine.model.EngineModel``) answering with the truth, or for
     ``--true-harm harm`` / ``own`` with one part of it over the ``estimate``'s."""
 
     def __init__(self, truth: TrueHarm, estimate) -> None:

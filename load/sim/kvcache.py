@@ -75,9 +75,6 @@ class KVCache:
             else:
                 cached[key] = c
 
-    def release_private(self, n: int) -> None:
-        self.free += n
-
     # -- segments ---------------------------------------------------------------------
     def pin(self, key) -> None:
         """Pin segment ``key`` for a request (creating it empty if unknown)."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from epp_client.plugins.roles import ROLE_LABEL
-from epp_client.scheduler import Scheduler
+from epp_client.framework.loader import build_scheduler
+from epp_client.plugins.filter.role import ROLE_LABEL
 
 from . import workloads as W
 from .driver import LifecycleRouter
@@ -128,8 +128,8 @@ def make_router(policy: str, opts, link: KVLink) -> PDRouter:
         raise ValueError(f"unknown P/D policy {policy!r}; known: {', '.join(PD_POLICIES)}")
 
     def factory(rng: random.Random, clock, wall):
-        return Scheduler.from_config(config, predictor=predictor, sink=sink, rng=random.Random(rng.random()),
-                                     clock=clock, wall_clock=wall)
+        return build_scheduler(config, predictor=predictor, sink=sink, rng=random.Random(rng.random()),
+                               clock=clock, wall_clock=wall)
 
     return PDRouter(policy, factory, opts.seed, learner=learner, sink=sink, description=desc, prefix=True)
 

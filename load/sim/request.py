@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from epp_client import InferenceRequest
-    from epp_client.lifecycle import SchedulingResult
+    from epp_client.framework.lifecycle import SchedulingResult
 
 
 class SimRequest:

@@ -1,0 +1,228 @@
+"""An engine twin: one model server's continuous batching run forward from what the router knows.
+
+The ``decode-harm-filter`` asks, per candidate endpoint: if this request lands there, how many of
+the requests running there end up over their TPOT SLO because of it, and does the request itself
+meet its SLO? The twin answers by stepping a vLLM-like engine forward from the router's own view
+of the endpoint (the requests it dispatched there and has not seen finish):
+
+- each step, every decoding request generates one token; the remaining per-step token budget
+  (``budget``, vLLM's ``max_num_batched_tokens``) goes to the prefills in dispatch order (chunked:
+  a prompt larger than what is left continues next step); a prompt whose last chunk ran
+  produces its first token at the end of that step and decodes from the next;
+- a step takes :meth:`StepModel.ms` of its batch;
+- nobody finishes: the router does not know output lengths (and does not need them: the
+  simulator's oracle, blind to them, routes as well as with them; docs/evaluation.md §4).
+
+:func:`placement` runs it twice, with the request appended to the queue until its first token
+plus ``probe`` decode steps, and without it to the same moment; the harm is how many more
+requests are over their TPOT SLO then (TPOT so far: decode time over tokens after the first).
+Pure functions over tuples, no clock, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from epp_client.engine.model import Outcome
+from epp_client.types import Endpoint, InferenceRequest
+
+
+class Running(NamedTuple):
+    """A request the router has running on an endpoint, as the twin sees it."""
+
+    decode_ms: float        # time since its first token (0 before it)
+    tokens: int             # tokens generated so far (0 before the first)
+    tpot_slo_ms: float      # 0: none (it loads the engine but is never counted)
+    context: int            # tokens in its KV cache once prefilled (prompt + generated)
+    prefill: int = 0        # prompt tokens still to prefill (0 once it decodes)
+    queued_ms: float = 0.0  # how long it has been first in the queue (its prefill under way)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Duration of one engine step, linear in its batch::
+
+        ms = fixed + per_token * tokens + per_context_token * (context of the decodes)
+             + decode * [any decode] + per_prefill_pair * (causal token pairs of the prefill chunks)
+
+    The defaults are the least-squares fit of the measured Llama-3-8B / A100 step times
+    (``load/data/step-time``) over batches of up to 80 decodes and 2,048 tokens; ``speed``
+    divides every step (2: a server twice as fast)."""
+
+    fixed_ms: float = 2.93
+    per_token_ms: float = 0.0651
+    per_context_token_ms: float = 7.37e-5
+    decode_ms: float = 8.09
+    per_prefill_pair_ms: float = 3.37e-6
+    speed: float = 1.0
+
+    def ms(self, tokens: float, context: float, decodes: int, pairs: float) -> float:
+        t = (self.fixed_ms + self.per_token_ms * tokens + self.per_context_token_ms * context
+             + (self.decode_ms if decodes else 0.0) + self.per_prefill_pair_ms * pairs)
+        return max(t, 0.1) / self.speed
+
+
+def _over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int) -> int:
+    """How many of ``running`` are over their TPOT SLO at ``t`` after ``steps`` steps."""
+    n = 0
+    for i, r in enumerate(running):
+        if r.tpot_slo_ms <= 0:
+            continue
+        if r.prefill <= 0 and r.tokens >= 1:
+            k = r.tokens - 1 + steps
+            if k >= 1 and (r.decode_ms + t) / k > r.tpot_slo_ms:
+                n += 1
+        elif i in firsts:
+            tf, sf = firsts[i]
+            k = steps - sf
+            if k >= 1 and (t - tf) / k > r.tpot_slo_ms:
+                n += 1
+    return n
+
+
+class _State:
+    """The twin's engine between steps: per request (``running`` + the new one) the prompt tokens
+    left to prefill and done, the queue of those still prefilling (dispatch order), the decodes,
+    their context, the time and steps so far, the head of the queue and the first tokens."""
+
+    __slots__ = ("left", "done", "queue", "decodes", "context", "t", "steps", "head", "firsts")
+
+    def __init__(self, left: list, done: list, queue: list, decodes: int, context: float) -> None:
+        self.left, self.done, self.queue, self.decodes, self.context = left, done, queue, decodes, context
+        self.t, self.steps, self.head = 0.0, 0, 0
+        self.firsts: dict[int, tuple[float, int]] = {}
+
+    def copy(self, undo: list[tuple[int, int]], queue: list) -> _State:
+        """This state with the chunks of ``undo`` given back (the step under way), over ``queue``."""
+        c = _State(list(self.left), list(self.done), queue, self.decodes, self.context)
+        for i, n in undo:
+            c.left[i] += n
+            c.done[i] -= n
+        c.t, c.steps, c.head, c.firsts = self.t, self.steps, self.head, dict(self.firsts)
+        return c
+
+
+def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
+    left = [max(0, r.prefill) for r in reqs]
+    done = [max(0, r.context - n) for r, n in zip(reqs, left)]
+    queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
+    queued = set(queue)
+    decodes = len(reqs) - len(queue)
+    context = float(sum(done[i] for i in range(len(reqs)) if i not in queued))
+    room = max(1, budget - decodes)
+    for i in queue:   # the prefill under way: the full chunks since it reached the head of the queue
+        elapsed = reqs[i].queued_ms
+        while elapsed > 0 and left[i] > 1:   # each chunk costs more than the last (causal attention)
+            n = min(room, left[i] - 1)
+            elapsed -= model.ms(decodes + n, context, decodes, n * (done[i] + n / 2.0))
+            if elapsed < 0:
+                break
+            left[i] -= n
+            done[i] += n
+    return _State(left, done, queue, decodes, context)
+
+
+def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
+         max_steps: int = 4000) -> _State | None:
+    """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
+    state at the start of the step in which it first gets a chunk, the moment a run without it
+    would part from this one (None if it never does)."""
+    left, done, queue, firsts = st.left, st.done, st.queue, st.firsts
+    decodes, context, t, steps, head, n_queue = st.decodes, st.context, st.t, st.steps, st.head, len(queue)
+    fork: _State | None = None
+    # model.ms inlined (the same arithmetic in the same order): this loop is the twin's cost
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    while steps < max_steps:
+        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
+        j = head
+        chunks: list[tuple[int, int]] | None = [] if new_i >= 0 and fork is None else None   # until the fork
+        while j < n_queue and room > 0:
+            i = queue[j]
+            if i == new_i and chunks is not None and fork is None:
+                st.decodes, st.context, st.t, st.steps, st.head = decodes, context, t, steps, head
+                fork = st.copy(chunks, queue[:-1])
+            n = max(1, min(left[i], room))          # a fully cached prompt still takes a step
+            pairs += n * (done[i] + n / 2.0)
+            left[i] -= n
+            done[i] += n
+            room -= n
+            tokens += n
+            if chunks is not None and fork is None:
+                chunks.append((i, n))
+            if left[i] <= 0:
+                ready.append(i)
+            j += 1
+        if tokens <= 0:
+            break
+        ms = (fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0)
+              + per_pair * pairs)
+        t += max(ms, 0.1) / speed
+        steps += 1
+        context += decodes
+        for i in ready:
+            firsts[i] = (t, steps)
+            decodes += 1
+            context += done[i] + 1
+        while head < n_queue and left[queue[head]] <= 0:
+            head += 1
+        if new_i >= 0:
+            if new_i in firsts and steps - firsts[new_i][1] >= probe:
+                break
+        elif until_ms is not None and t >= until_ms:
+            break
+        elif until_ms is None and head >= n_queue:
+            break
+    st.decodes, st.context, st.t, st.steps, st.head = decodes, context, t, steps, head
+    return fork
+
+
+def forward(model: StepModel, budget: int, running: tuple[Running, ...], new: Running | None = None,
+            probe: int = 4, until_ms: float | None = None, max_steps: int = 4000
+            ) -> tuple[float, int, dict[int, tuple[float, int]]]:
+    """Step the engine from now until ``new`` (queued last) has its first token plus ``probe``
+    decode steps, else until ``until_ms``, else until nothing is left to prefill; at most
+    ``max_steps``. Returns (time reached ms, steps, {index in ``running`` + [new]: (first token
+    time, step)} of the prompts prefilled)."""
+    reqs = (*running, new) if new is not None else running
+    st = _start(model, budget, reqs)
+    _run(model, budget, st, len(reqs) - 1 if new is not None else -1, probe, until_ms, max_steps)
+    return st.t, st.steps, st.firsts
+
+
+def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,
+              probe: int = 4, max_steps: int = 4000) -> Outcome:
+    """The request (``prompt_tokens``, of which ``cached_tokens`` are in the endpoint's cache)
+    placed on an endpoint running ``running``: :class:`Outcome`. The run without it is the run
+    with it up to the step in which its prefill starts, so it resumes from there."""
+    uncached = max(1, prompt_tokens - cached_tokens)
+    new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
+    st = _start(model, budget, (*running, new))
+    i = len(running)
+    fork = _run(model, budget, st, i, probe, max_steps=max_steps)
+    t, steps, firsts = st.t, st.steps, st.firsts
+    with_it = _over(running, firsts, t, steps)
+    if i not in firsts:
+        return Outcome(with_it, float("inf"), float("inf"))
+    tf, sf = firsts[i]
+    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
+    if not running or fork is None:
+        return Outcome(0, tf, tpot)
+    _run(model, budget, fork, until_ms=t, max_steps=max_steps)
+    return Outcome(max(0, with_it - _over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)
+
+
+class TwinEngine:
+    """The plugins' own engine model: the engine twin (:func:`epp_client.engine.twin.placement`) over
+    the endpoint's running requests, with the configured step model and token budget."""
+
+    def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
+        self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
+
+    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
+        pred = endpoint.prediction
+        if pred is None:
+            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
+        return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
+                         self.max_steps)

@@ -1,0 +1,194 @@
+"""``decode-harm-filter`` and ``decode-harm-scorer`` (this project's; none exists upstream):
+prefer the endpoints where the request does the least harm: the fewest running requests pushed
+over their TPOT SLO by its prefill, and not a miss of its own. The filter is first in the
+recommended profile, holding requests (docs/plugins.md B2.9).
+
+A prompt's prefill slows every engine step of the server it lands on, and with it the decode of
+every request running there (docs/evaluation.md §4: on ``standard`` at 80% load every policy
+that judges only the request being placed misses TPOT for 5% or more). Per candidate ``e`` with
+a prediction, the engine twin (:mod:`epp_client.engine.twin`) steps ``e``'s continuous batching forward
+from the requests this router has running there (``LatencyPrediction.decoding``, streaming mode),
+with the request queued last (its prompt tokens not cached on ``e`` to prefill) until its first
+token plus ``probeSteps`` decode steps, and without it to the same moment. The count:
+
+- the running requests over their TPOT SLO with the request and not without (the harm);
+- plus 1 when the request itself misses there: its twin TTFT over its TTFT SLO, or its TPOT over
+  the probe steps over its TPOT SLO (``countOwnMiss``); with ``maxLateness`` set, 1,000 times its
+  lateness where it would be more than that many times over its SLO (bounds the wait of prompts
+  too large for any endpoint's SLO, which the count otherwise isolates on one endpoint under
+  overload);
+- plus ``adapterLoadCount`` (2) when ``e`` serves LoRA adapters and the request's is not active
+  there (the twin knows nothing of adapter slots: without it the filter thrashes adapters,
+  ``multi-lora`` at 80% 45% against 64%), plus 1 when ``e``'s scraped KV cache use is over
+  ``kvUsageThreshold`` (0.95): a prompt's blocks there risk preempting a running request, a
+  cliff the twin does not model (``heterogeneous`` at 100%, seed 2: 37% with 1,293 preemptions
+  without it, 60% with 315).
+
+With ``holdSlackMs`` the filter also holds requests: where the request would harm running requests
+on every endpoint it keeps, and would still have more than that much of its TTFT SLO left after
+``holdRetryMs``, it raises :class:`~epp_client.types.HoldRequest`; the scheduler answers a held
+result and the caller (the gateway, the simulator) schedules the request again ``holdRetryMs``
+later with the time held in ``InferenceRequest.waited_ms``, which the TTFT SLO is reduced by. The
+prefill goes where and when the decodes it would slow are gone, at the cost of TTFT slack the
+request did not need.
+
+The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`; the ``step*``
+parameters are the router's prior, ``engineSpeed`` divides them all). The twin is the plugins'
+:class:`EngineModel`, their one view of an engine: a reference that knows the engine (the
+simulator's ``--true-harm``) replaces it with :meth:`DecodeHarmCount.use_engine_model`.
+
+The filter keeps the endpoints with the lowest count (order preserved; endpoints without a
+prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 without a prediction.
+"""
+from __future__ import annotations
+
+from epp_client.engine.model import EngineModel, Outcome
+from epp_client.engine.twin import StepModel, TwinEngine
+from epp_client.framework.params import Plugin, ge, gt, param, within
+from epp_client.framework.protocols import Filter
+from epp_client.framework.registry import plugin
+from epp_client.plugins.scorer.lora_affinity import lora_affinity
+from epp_client.types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
+
+_STEP = StepModel()
+_FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
+
+
+def _loads_an_adapter(target: str, e: Endpoint) -> bool:
+    """The endpoint serves LoRA adapters and ``target`` is not active there: serving the request
+    there waits for the adapter to load, and may swap out one that others use."""
+    m = e.metrics
+    return bool(target) and m is not None and m.max_active_lora > 0 and lora_affinity(target, m) < 1.0
+
+
+class DecodeHarmCount(Plugin):
+    """What both plugins share: their parameters and the count per endpoint (:meth:`scores`)."""
+
+    prefill_chunk_tokens: int = param("prefillChunkTokens", default=2048, check=gt(0),
+                                      doc="tokens the engine batches per step (vLLM's max_num_batched_tokens)")
+
+    probe_steps: int = param("probeSteps", default=4, check=gt(0),
+                             doc="decode steps of the request after its first token that the harm is judged at")
+
+    own_miss: bool = param("countOwnMiss", default=True,
+                           doc="add 1 where the request itself misses its SLO in the twin")
+
+    max_lateness: float = param("maxLateness", default=0.0, check=ge(0.0),
+                                doc="where the request would be over this many times its SLO, its own miss "
+                                    "counts 1,000 times its lateness: such an endpoint only when all are, the "
+                                    "least late of them (0: never; bounds the wait of requests too large for "
+                                    "any endpoint's SLO, at a cost under overload)")
+
+    adapter_load_count: float = param("adapterLoadCount", default=2.0, check=ge(0.0),
+                                      doc="added where the request's LoRA adapter is not active on an endpoint "
+                                          "that serves adapters (0: never)")
+
+    kv_usage_threshold: float = param("kvUsageThreshold", default=0.95, check=within(0.0, 1.0),
+                                      doc="add 1 where the endpoint's scraped KV cache use is above it (1: never)")
+
+    step_fixed_ms: float = param("stepFixedMs", default=_STEP.fixed_ms, check=ge(0.0),
+                                 doc="engine step time: ms per step")
+
+    step_per_token_ms: float = param("stepPerTokenMs", default=_STEP.per_token_ms, check=ge(0.0),
+                                     doc="engine step time: ms per token in the batch")
+
+    step_per_context_token_ms: float = param("stepPerContextTokenMs", default=_STEP.per_context_token_ms,
+                                             check=ge(0.0), doc="engine step time: ms per context token of the "
+                                                                "decoding requests")
+
+    step_decode_ms: float = param("stepDecodeMs", default=_STEP.decode_ms, check=ge(0.0),
+                                  doc="engine step time: ms added when the batch has decodes")
+
+    step_per_prefill_pair_ms: float = param("stepPerPrefillPairMs", default=_STEP.per_prefill_pair_ms,
+                                            check=ge(0.0), doc="engine step time: ms per causal token pair "
+                                                               "of the prefill chunks")
+
+    engine_speed: float = param("engineSpeed", default=1.0, check=gt(0.0),
+                                doc="divides every step time (2: servers twice as fast as the step model)")
+
+    max_steps: int = param("maxSteps", default=4000, check=gt(0),
+                           doc="engine steps the twin runs per candidate at most (bounds the work per decision)")
+
+    def setup(self) -> None:
+        self.step_model = StepModel(self.step_fixed_ms, self.step_per_token_ms, self.step_per_context_token_ms,
+                                    self.step_decode_ms, self.step_per_prefill_pair_ms, self.engine_speed)
+        self.engine_model: EngineModel = TwinEngine(self.step_model, self.prefill_chunk_tokens, self.probe_steps,
+                                                    self.max_steps)
+
+    def use_engine_model(self, model: EngineModel) -> None:
+        """Judge placements with ``model`` instead of the engine twin (a reference that knows the
+        engine, e.g. the simulator's truth); the count's rule is unchanged."""
+        self.engine_model = model
+
+    def parts(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, tuple[float, float, float]]:
+        """Per endpoint with a prediction, the count's three terms: (running requests harmed, 1 if
+        the request itself misses its SLO there, adapter load + near-full KV cache)."""
+        return {name: terms for name, (terms, _) in self.assess(request, endpoints).items()}
+
+    def assess(self, request: InferenceRequest, endpoints: list[Endpoint]
+               ) -> dict[str, tuple[tuple[float, float, float], Outcome]]:
+        """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
+        prompt = max(0, int(request.input_tokens))
+        out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
+        for e in endpoints:
+            if e.prediction is None:
+                continue
+            cached = prompt - uncached_prompt_tokens(e, prompt)
+            o = self.engine_model.placement(request, e, prompt, cached)
+            late = max(o.ttft_ms / request.ttft_slo_ms if request.ttft_slo_ms > 0 else 0.0,
+                       o.tpot_ms / request.tpot_slo_ms if request.tpot_slo_ms > 0 else 0.0)
+            own = 0.0
+            if self.own_miss and late > 1.0:
+                own = _FAR * late if 0 < self.max_lateness < late else 1.0
+            load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
+            full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
+            out[e.name] = ((float(o.harm), own, load + int(full)), o)
+        return out
+
+    def scores(self, request: InferenceRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        """The count per endpoint with a prediction: harm, own miss, adapter load, near-full KV cache."""
+        return {name: sum(terms) for name, terms in self.parts(request, endpoints).items()}
+
+
+@plugin("decode-harm-filter", Filter)
+class DecodeHarmFilter(DecodeHarmCount):
+    """``decode-harm-filter``: keep the endpoints where the request's prefill harms the fewest decodes."""
+
+    hold_slack_ms: float = param("holdSlackMs", default=0.0, check=ge(0.0),
+                                 doc="hold the request at the router while on every endpoint kept its prefill "
+                                     "pushes running requests over their TPOT SLO, as long as it would still have "
+                                     "more than this much of its TTFT SLO left after holdRetryMs (0: never hold)")
+
+    hold_retry_ms: float = param("holdRetryMs", default=50.0, check=gt(0.0),
+                                 doc="how long a held request waits before it is scheduled again")
+
+    def setup(self) -> None:
+        super().setup()
+        self.filtered = 0   # requests for which some candidate was dropped
+        self.holds = 0      # scheduling attempts answered with a hold
+
+    def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        if len(endpoints) <= 1 and self.hold_slack_ms <= 0:
+            return endpoints
+        assessed = self.assess(request, endpoints)
+        if not assessed:
+            return endpoints
+        counts = {name: sum(terms) for name, (terms, _) in assessed.items()}
+        low = min(counts.values())
+        kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
+        if self.hold_slack_ms > 0:
+            self._hold(request, [assessed[e.name] for e in kept])
+        if len(kept) < len(endpoints):
+            self.filtered += 1
+        return kept
+
+    def _hold(self, request: InferenceRequest, kept: list[tuple[tuple[float, float, float], Outcome]]) -> None:
+        """Raise :class:`HoldRequest` when the request harms running requests wherever it may go
+        and, held for ``holdRetryMs``, would still have more than ``holdSlackMs`` of its TTFT SLO
+        left on the kept endpoint where its first token comes soonest."""
+        slo = request.ttft_slo_ms          # what is left of it: the scheduler's caller sets waited_ms
+        if slo <= 0 or any(terms[0] <= 0 for terms, _ in kept):
+            return
+        if slo - min(o.ttft_ms for _, o in kept) > self.hold_slack_ms + self.hold_retry_ms:
+            self.holds += 1
+            raise HoldRequest(self.hold_retry_ms / 1000.0)

@@ -1,0 +1,1 @@
+"""Profile handlers: which scheduling profiles run for a request, and the headers they imply."""

@@ -1,0 +1,38 @@
+"""The ``predicted-latency-producer``'s view of an endpoint for the engine twin
+(``LatencyPrediction.decoding``, streaming mode): the requests this router dispatched there
+and that have not finished, in dispatch order, as :class:`~epp_client.engine.twin.Running`."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epp_client.engine.twin import Running
+from epp_client.plugins.producer.request_state import RequestContext, RunningQueue
+
+
+def running_on(endpoint: str, now: float, running: RunningQueue, contexts: Mapping[str, RequestContext],
+               first_token_at: Mapping[str, float]) -> tuple[Running, ...]:
+    """Before its first chunk, a request counts the prompt tokens to prefill on ``endpoint``
+    (not cached on it at dispatch; none when another endpoint prefills it); after, its decode
+    time and tokens so far: the tokens counted from the chunks when they carry counts, else at
+    the TPOT predicted for it at dispatch. The first request waiting prefills since the later
+    of its dispatch and the last first token on ``endpoint`` (``first_token_at``)."""
+    out = []
+    head = True
+    for rid, slo in running.requests(endpoint).items():
+        ctx = contexts.get(rid)
+        if ctx is None or ctx.dispatch is None:
+            continue
+        slo = max(0.0, slo)
+        if not ctx.ttft_ms:   # dispatched, no first chunk yet
+            since = max(ctx.dispatch, first_token_at.get(endpoint, ctx.dispatch)) if head else now
+            out.append(Running(0.0, 0, slo, ctx.input_tokens, ctx.uncached, max(0.0, now - since) * 1000.0))
+            head = False
+            continue
+        elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
+        if ctx.tokens_known and ctx.tokens >= 1:
+            tokens = ctx.tokens
+        else:
+            pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
+            tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
+        out.append(Running(max(0.0, elapsed), tokens, slo, ctx.input_tokens + tokens))
+    return tuple(out)

@@ -1,0 +1,179 @@
+"""decode-harm-filter (and the count it shares with decode-harm-scorer): the requests a
+placement's prefill pushes over their TPOT SLO and the request's own miss, from the engine twin
+run over the producer's per-request state (``LatencyPrediction.decoding``)."""
+from __future__ import annotations
+
+import pytest
+
+from epp_client import Endpoint, EndpointMetrics, HoldRequest, InferenceRequest, PrefixMatch
+from epp_client.engine.twin import Running
+from epp_client.framework.profile import SchedulingProfile
+from epp_client.framework.scheduler import Scheduler
+from epp_client.plugins import PredictedLatencyProducer
+from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+from support.harm import FLAT
+from support.harm import harm_request as _request
+from support.harm import running_endpoint as _endpoint
+from test_producer_predicted_latency import Clock, TablePredictor
+
+
+def test_filter_keeps_the_endpoints_where_the_prefill_harms_fewest():
+    # 10 ms a token so far against 10.2 ms: a 4,096-token prefill (two ~30 ms steps) pushes it over
+    tight = Running(1_000.0, 101, 10.2, 3_000)
+    a = _endpoint("a", [tight, tight])
+    b = _endpoint("b", [Running(1_000.0, 101, 100.0, 3_000)])
+    c = _endpoint("c", [])
+    f = DecodeHarmFilter.from_config(FLAT)
+    req = _request(tpot_slo=20)
+    assert f.scores(req, [a, b, c]) == {"a": 2, "b": 0, "c": 0}
+    assert [e.name for e in f.filter(req, [a, b, c])] == ["b", "c"]
+    assert f.filtered == 1
+    # where the prompt is cached, it prefills in one short step and harms nobody
+    cached = _endpoint("a", [tight, tight], matched_blocks=63)
+    assert f.scores(req, [cached, c]) == {"a": 0, "c": 0}
+
+
+def test_the_requests_own_miss_counts_one_and_far_past_its_slo_it_is_a_last_resort():
+    f = DecodeHarmFilter.from_config(FLAT)
+    queued = _endpoint("a", [Running(0.0, 0, 0.0, 20_480, 20_480)])     # 10 steps of prefill ahead
+    idle = _endpoint("b", [])
+    assert f.scores(_request(ttft_slo=200), [queued, idle]) == {"a": 1, "b": 0}     # TTFT 376 ms there: 1.9x
+    assert f.scores(_request(ttft_slo=1_000), [queued, idle]) == {"a": 0, "b": 0}
+    assert f.scores(_request(tpot_slo=8), [idle]) == {"b": 1}                        # 10 ms a token: 1.25x
+    # however late: 1 (TTFT 375.79 ms: 9.4x; 61 ms: 1.5x)
+    assert f.scores(_request(ttft_slo=40), [queued, idle]) == {"a": 1, "b": 1}
+    # over maxLateness times its SLO: 1,000 per unit of lateness, so such an endpoint only when
+    # every endpoint is, the least late of them
+    capped = DecodeHarmFilter.from_config({**FLAT, "maxLateness": 4})
+    far = capped.scores(_request(ttft_slo=40), [queued, idle])
+    assert far["b"] == 1 and far["a"] == pytest.approx(1_000 * 375.79 / 40)
+    assert [e.name for e in capped.filter(_request(ttft_slo=40), [queued, idle])] == ["b"]
+    assert capped.scores(_request(ttft_slo=200), [queued, idle]) == {"a": 1, "b": 0}
+    # beyond the twin's horizon (maxSteps): a miss, and past any maxLateness
+    assert DecodeHarmFilter.from_config({**FLAT, "maxSteps": 5}).scores(_request(), [queued]) == {"a": 1}
+    assert DecodeHarmFilter.from_config({**FLAT, "maxSteps": 5, "maxLateness": 4}).scores(
+        _request(), [queued]) == {"a": float("inf")}
+    assert DecodeHarmFilter.from_config({**FLAT, "countOwnMiss": False}).scores(
+        _request(ttft_slo=200), [queued, idle]) == {"a": 0, "b": 0}
+    # the engine speed divides every step: twice as fast, the queued endpoint meets 200 ms
+    assert DecodeHarmFilter.from_config({**FLAT, "engineSpeed": 2.0}).scores(
+        _request(ttft_slo=200), [queued, idle]) == {"a": 0, "b": 0}
+
+
+def test_an_adapter_load_counts_where_the_pool_serves_adapters():
+    def lora_endpoint(name, active, max_lora=2):
+        e = _endpoint(name, [])
+        e.metrics = EndpointMetrics(0.3, 0, 0, frozenset(active), frozenset(), max_lora)
+        return e
+
+    req = InferenceRequest(request_id="q", target_model="sql-lora", input_tokens=4096,
+                           headers={"x-llm-d-slo-ttft-ms": "5000", "x-llm-d-slo-tpot-ms": "100"})
+    eps = [lora_endpoint("a", {"sql-lora"}), lora_endpoint("b", {"x"}), lora_endpoint("c", {"x", "y"})]
+    assert DecodeHarmFilter().scores(req, eps) == {"a": 0, "b": 2, "c": 2}
+    assert DecodeHarmFilter.from_config({"adapterLoadCount": 0.5}).scores(req, eps) == {"a": 0, "b": 0.5, "c": 0.5}
+    assert [e.name for e in DecodeHarmFilter().filter(req, eps)] == ["a"]
+    # no adapter slots anywhere (a base-model pool): nothing added
+    assert DecodeHarmFilter().scores(req, [lora_endpoint("a", set(), 0), lora_endpoint("b", set(), 0)]) == {
+        "a": 0, "b": 0}
+
+
+def test_a_kv_cache_near_full_counts_one_more():
+    full, roomy = _endpoint("a", []), _endpoint("b", [])
+    full.metrics = EndpointMetrics(0.97, 0, 0)
+    assert DecodeHarmFilter().scores(_request(), [full, roomy]) == {"a": 1, "b": 0}
+    assert DecodeHarmFilter.from_config({"kvUsageThreshold": 1.0}).scores(_request(), [full, roomy]) == {"a": 0, "b": 0}
+
+
+def test_filter_without_predictions_changes_nothing():
+    f = DecodeHarmFilter()
+    eps = [Endpoint(name="a"), Endpoint(name="b")]
+    assert f.filter(_request(), eps) == eps
+    one = [_endpoint("a", [Running(1_000.0, 17, 100.0, 500)])]
+    assert f.filter(_request(), one) == one
+
+
+def test_producer_reports_each_running_request_as_the_twin_sees_it():
+    clock = Clock(100.0)
+    prod = PredictedLatencyProducer(TablePredictor([(200.0, 40.0), (300.0, 50.0)]), None, streaming_mode=True,
+                                    clock=clock)
+    eps = [Endpoint(name="a", metrics=EndpointMetrics(0.1, 0, 0), prefix_match=PrefixMatch(1, 2, 64)),
+           Endpoint(name="b", metrics=EndpointMetrics(0, 0, 0))]
+    r = InferenceRequest(request_id="r1", headers={"x-llm-d-slo-tpot-ms": "80"}, input_tokens=100)
+    prod.produce(r, eps)
+    prod.pre_request(r, eps[0])
+    # dispatched, no first token yet: to prefill, the one of its two 64-token blocks not cached on "a"
+    assert prod.decoding("a", clock()) == (Running(0.0, 0, 80.0, 100, 64),)
+    clock.t = 100.5
+    prod.on_first_chunk("r1", tokens=1)
+    clock.t = 101.5
+    # no token counts after the first chunk: the TPOT predicted at dispatch (40 ms) stands for its pace
+    prod.on_chunk("r1")
+    assert prod.decoding("a", clock()) == (Running(pytest.approx(1_000.0), 26, 80.0, 126),)
+    prod2 = PredictedLatencyProducer(TablePredictor([(200.0, 40.0)]), None, streaming_mode=True, clock=clock)
+    prod2.produce(r, eps[:1])
+    prod2.pre_request(r, eps[0])
+    clock.t = 102.0
+    prod2.on_first_chunk("r1", tokens=1)
+    clock.t = 103.0
+    prod2.on_chunk("r1", tokens=20)                                  # counted tokens: 21 so far
+    assert prod2.decoding("a", clock()) == (Running(pytest.approx(1_000.0), 21, 80.0, 121),)
+    # a request without a TPOT SLO loads the engine too (SLO 0: never counted as harmed); dispatch order
+    free = InferenceRequest(request_id="r2", input_tokens=10)
+    prod2.produce(free, eps[:1])
+    prod2.pre_request(free, eps[0])
+    assert [x.tpot_slo_ms for x in prod2.decoding("a", clock())] == [80.0, 0.0]
+    # the next request's predictions carry it
+    prod2.produce(InferenceRequest(request_id="r3", input_tokens=10), eps[:1])
+    assert eps[0].prediction.running_decodes() == prod2.decoding("a", clock())
+    prod2.on_complete("r1", output_tokens=21)
+    prod2.on_complete("r2", output_tokens=2)
+    assert prod2.decoding("a", clock()) == ()
+    assert prod.decoding("b", clock()) == ()
+
+
+def test_filter_holds_a_request_that_harms_wherever_it_goes_while_it_has_slack():
+    tight = Running(1_000.0, 101, 10.2, 3_000)         # a 4,096-token prefill (two ~30 ms steps) pushes it over
+    a, b = _endpoint("a", [tight]), _endpoint("b", [tight, tight])
+    hold = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300})
+    with pytest.raises(HoldRequest) as held:
+        hold.filter(_request(tpot_slo=20), [a, b])      # TTFT ~61 ms of 5,000: plenty of slack
+    assert held.value.retry_after_s == pytest.approx(0.05) and hold.holds == 1
+    # not without holdSlackMs (the default), nor where some endpoint takes it without harm
+    assert [e.name for e in DecodeHarmFilter.from_config(FLAT).filter(_request(tpot_slo=20), [a, b])] == ["a"]
+    assert [e.name for e in hold.filter(_request(tpot_slo=20), [a, b, _endpoint("c", [])])] == ["c"]
+    # nor once the wait has used the slack: 5,000 - 4,650 ms left, less ~61 ms, is under 300 + 50
+    late = _request(tpot_slo=20)
+    late.waited_ms = 4_650.0
+    assert late.ttft_slo_ms == pytest.approx(350.0)
+    assert [e.name for e in hold.filter(late, [a, b])] == ["a"]
+    late.waited_ms = 4_500.0                              # 500 ms left: held again
+    with pytest.raises(HoldRequest):
+        hold.filter(late, [a, b])
+    # nor without a TTFT SLO (nothing says how long it may wait)
+    no_slo = InferenceRequest(request_id="q", input_tokens=4_096, headers={"x-llm-d-slo-tpot-ms": "20"})
+    assert [e.name for e in hold.filter(no_slo, [a, b])] == ["a"]
+    assert hold.holds == 2
+
+
+def test_the_scheduler_answers_a_hold_and_places_the_request_when_it_is_scheduled_again():
+    clock = Clock(100.0)
+    prod = PredictedLatencyProducer(TablePredictor([(200.0, 10.0)] * 2), None, streaming_mode=True, clock=clock)
+    sched = Scheduler(producer=prod, profiles=[SchedulingProfile(
+        filters=[DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300, "holdRetryMs": 20})])])
+    eps = [Endpoint(name=n, metrics=EndpointMetrics(0.1, 0, 1)) for n in ("a", "b")]
+    for i, e in enumerate(eps):       # one request decoding on each at 10 ms a token, SLO 10.2 ms
+        r = InferenceRequest(request_id=f"d{i}", input_tokens=100, headers={"x-llm-d-slo-tpot-ms": "10.2"})
+        res = sched.schedule(r, [e], now=clock())
+        sched.pre_request(r, res, now=clock())
+        sched.on_first_chunk(r.request_id, now=clock(), tokens=1)
+    clock.t = 101.0
+    for i in range(2):
+        sched.on_chunk(f"d{i}", now=clock(), tokens=100)
+    big = _request(tpot_slo=20)
+    res = sched.schedule(big, eps, now=clock())
+    assert res.held and not res.ok and res.status == 429 and res.reason == "held"
+    assert res.retry_after_s == pytest.approx(0.02) and sched.held == 1
+    assert [x.tpot_slo_ms for x in prod.decoding("a", clock())] == [10.2]     # nothing of it was kept
+    big.waited_ms = 4_700.0
+    res = sched.schedule(big, eps, now=clock())
+    assert res.ok and not res.held and res.endpoint.name in ("a", "b")
