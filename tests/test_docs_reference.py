@@ -87,6 +87,6 @@ def test_every_result_file_names_its_commit_and_command_and_a_page_quotes_it():
     for run in runs:
         text = run.read_text(encoding="utf-8")
         assert re.match(r"20\d\d-\d\d-\d\d-", run.name), f"{run.name}: the name starts with its date"
-        assert re.search(r"\bcommits? [0-9a-f]{7,40}\b", text), f"{run.name} names no commit"
+        assert re.search(r"\b[Cc]ommits? [0-9a-f]{7,40}\b", text), f"{run.name} names no commit"
         assert re.search(r"^\s*(latency-predictor|python3? -m) ", text, re.M), f"{run.name} gives no command"
         assert f"results/{run.name}" in pages, f"no page in docs/ quotes {run.name}"
