@@ -13,7 +13,28 @@ import pytest
 from load.data import SHAREGPT, open_data
 
 REPO = Path(__file__).resolve().parents[1]
+MYPY_TEST = "test_static_checks.py::test_mypy_finds_nothing"
+MYPY_RUN = pytest.StashKey[subprocess.Popen]()
 
+
+def start_mypy() -> subprocess.Popen:
+    """``python -m mypy`` on the packages and options of pyproject's [tool.mypy], as a process."""
+    return subprocess.Popen([sys.executable, "-m", "mypy"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When the mypy test runs with others, mypy starts at once: it checks on the second core
+    while the other tests run, and its test reads the finished report."""
+    if len(session.items) > 1 and any(item.nodeid.endswith(MYPY_TEST) for item in session.items):
+        session.config.stash[MYPY_RUN] = start_mypy()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = session.config.stash.get(MYPY_RUN, None)
+    if proc is not None and proc.poll() is None:    # its test did not run (-x, a deselection)
+        proc.kill()
+        proc.communicate()
 
 
 def load_jsonl(path: Path, limit: int | None = None) -> list[dict]:
