@@ -200,3 +200,50 @@ def test_a_decode_only_stretch_read_from_the_cache_ends_where_the_replay_does_to
                 st = _start(model, 2_048, running)
                 _run(model, 2_048, st, until_ms=until, max_steps=max_steps, decode_cache=c)
                 assert (st.t, st.steps, st.context) == (ref.t, ref.steps, ref.context)
+
+
+def _ref_running_on(endpoint, now, running, contexts, first_token_at):
+    out = []
+    head = True
+    for rid, slo in running.requests(endpoint).items():
+        ctx = contexts.get(rid)
+        if ctx is None or ctx.dispatch is None:
+            continue
+        slo = max(0.0, slo)
+        if not ctx.ttft_ms:
+            since = max(ctx.dispatch, first_token_at.get(endpoint, ctx.dispatch)) if head else now
+            out.append(Running(0.0, 0, slo, ctx.input_tokens, ctx.uncached, max(0.0, now - since) * 1000.0))
+            head = False
+            continue
+        elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
+        if ctx.tokens_known and ctx.tokens >= 1:
+            tokens = ctx.tokens
+        else:
+            pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
+            tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
+        out.append(Running(max(0.0, elapsed), tokens, slo, ctx.input_tokens + tokens))
+    return tuple(out)
+
+
+def test_the_producers_view_of_an_endpoint_is_the_plain_loops():
+    from epp_client.plugins.producer.request_state import RequestContext, RunningQueue
+    from epp_client.plugins.producer.twin_view import running_on
+
+    rng = random.Random(11)
+    for _ in range(200):
+        queue, contexts, now = RunningQueue(), {}, rng.uniform(100.0, 200.0)
+        for j in range(rng.randint(0, 40)):
+            ctx = RequestContext(f"r{j}", rng.randint(1, 9_000))
+            ctx.dispatch = None if rng.random() < 0.05 else now - rng.uniform(0.0, 60.0)
+            ctx.ttft_ms = rng.choice((0.0, 1e-9, rng.uniform(1.0, 3_000.0)))
+            ctx.tokens, ctx.tokens_known = rng.randint(0, 400), rng.random() < 0.7
+            ctx.uncached = rng.randint(0, ctx.input_tokens)
+            ctx.predictions = {"a": (100.0, rng.choice((0.0, 25.0)))}
+            if rng.random() < 0.95:
+                contexts[ctx.request_id] = ctx
+            queue.add("a", ctx.request_id, rng.choice((0.0, 20.0, 50.0)))
+        first = {"a": now - rng.uniform(-1.0, 30.0)} if rng.random() < 0.7 else {}
+        want = _ref_running_on("a", now, queue, contexts, first)
+        got = running_on("a", now, queue, contexts, first)
+        assert got == want and repr(got) == repr(want)
+        assert all(type(r) is Running for r in got)
