@@ -10,6 +10,7 @@ import random
 from epp_client.engine.model import Outcome
 from epp_client.engine.twin import DecodeCache, Running, StepModel, placement
 
+
 def _ref_over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int) -> int:
     """How many of ``running`` are over their TPOT SLO at ``t`` after ``steps`` steps."""
     n = 0
@@ -70,8 +71,9 @@ def _ref_start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _Ref
     return _RefState(left, done, queue, decodes, context)
 
 
-def _ref_run(model: StepModel, budget: int, st: _RefState, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
-         max_steps: int = 4000) -> _RefState | None:
+def _ref_run(model: StepModel, budget: int, st: _RefState, new_i: int = -1, probe: int = 4,
+             until_ms: float | None = None,
+             max_steps: int = 4000) -> _RefState | None:
     """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
     state at the start of the step in which it first gets a chunk, the moment a run without it
     would part from this one (None if it never does)."""
@@ -157,7 +159,8 @@ MODELS = (StepModel(), FLAT, StepModel(1.0, 0.1, 0.001, 5.0, 1e-4, speed=1.7), S
 def _random_running(rng: random.Random) -> tuple[Running, ...]:
     decoding_only = rng.random() < 0.4      # the common state: every request dispatched there is decoding
     return tuple(
-        Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0, 100.0)), rng.randint(10, 60_000))
+        Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0, 100.0)),
+                rng.randint(10, 60_000))
         if decoding_only or rng.random() < 0.6 else
         Running(0.0, 0, rng.choice((0.0, 50.0)), 80_000, rng.randint(1, 60_000), rng.choice((0.0, 40.0, 3_000.0)))
         for _ in range(rng.randint(0, 30)))
