@@ -2,56 +2,16 @@
 request read from a :class:`DecodeCache`, the two SLO counts in one pass, the producer's view built
 in one pass) give the outcome of the plain replay to the last bit: ``ref_placement`` below is the
 plain replay (every step through the general loop, the counts in two passes), kept here as the
-reference the twin is held to."""
+reference the twin is held to (its state and SLO count, unchanged, are the twin's own)."""
 from __future__ import annotations
 
 import random
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.twin import DecodeCache, Running, StepModel, placement
+from epp_client.engine.twin import DecodeCache, Running, StepModel, _over, _State, placement
 
 
-def _ref_over(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int) -> int:
-    """How many of ``running`` are over their TPOT SLO at ``t`` after ``steps`` steps."""
-    n = 0
-    for i, r in enumerate(running):
-        if r.tpot_slo_ms <= 0:
-            continue
-        if r.prefill <= 0 and r.tokens >= 1:
-            k = r.tokens - 1 + steps
-            if k >= 1 and (r.decode_ms + t) / k > r.tpot_slo_ms:
-                n += 1
-        elif i in firsts:
-            tf, sf = firsts[i]
-            k = steps - sf
-            if k >= 1 and (t - tf) / k > r.tpot_slo_ms:
-                n += 1
-    return n
-
-
-class _RefState:
-    """The twin's engine between steps: per request (``running`` + the new one) the prompt tokens
-    left to prefill and done, the queue of those still prefilling (dispatch order), the decodes,
-    their context, the time and steps so far, the head of the queue and the first tokens."""
-
-    __slots__ = ("left", "done", "queue", "decodes", "context", "t", "steps", "head", "firsts")
-
-    def __init__(self, left: list, done: list, queue: list, decodes: int, context: float) -> None:
-        self.left, self.done, self.queue, self.decodes, self.context = left, done, queue, decodes, context
-        self.t, self.steps, self.head = 0.0, 0, 0
-        self.firsts: dict[int, tuple[float, int]] = {}
-
-    def copy(self, undo: list[tuple[int, int]], queue: list) -> _RefState:
-        """This state with the chunks of ``undo`` given back (the step under way), over ``queue``."""
-        c = _RefState(list(self.left), list(self.done), queue, self.decodes, self.context)
-        for i, n in undo:
-            c.left[i] += n
-            c.done[i] -= n
-        c.t, c.steps, c.head, c.firsts = self.t, self.steps, self.head, dict(self.firsts)
-        return c
-
-
-def _ref_start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _RefState:
+def _ref_start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
     left = [max(0, r.prefill) for r in reqs]
     done = [max(0, r.context - n) for r, n in zip(reqs, left)]
     queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
@@ -68,18 +28,18 @@ def _ref_start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _Ref
                 break
             left[i] -= n
             done[i] += n
-    return _RefState(left, done, queue, decodes, context)
+    return _State(left, done, queue, decodes, context)
 
 
-def _ref_run(model: StepModel, budget: int, st: _RefState, new_i: int = -1, probe: int = 4,
+def _ref_run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4,
              until_ms: float | None = None,
-             max_steps: int = 4000) -> _RefState | None:
+             max_steps: int = 4000) -> _State | None:
     """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
     state at the start of the step in which it first gets a chunk, the moment a run without it
     would part from this one (None if it never does)."""
     left, done, queue, firsts = st.left, st.done, st.queue, st.firsts
     decodes, context, t, steps, head, n_queue = st.decodes, st.context, st.t, st.steps, st.head, len(queue)
-    fork: _RefState | None = None
+    fork: _State | None = None
     # model.ms inlined (the same arithmetic in the same order): this loop is the twin's cost
     fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
         model.decode_ms
@@ -139,7 +99,7 @@ def ref_placement(model: StepModel, budget: int, running: tuple[Running, ...], p
     i = len(running)
     fork = _ref_run(model, budget, st, i, probe, max_steps=max_steps)
     t, steps, firsts = st.t, st.steps, st.firsts
-    with_it = _ref_over(running, firsts, t, steps)
+    with_it = _over(running, firsts, t, steps)
     if i not in firsts:
         return Outcome(with_it, float("inf"), float("inf"))
     tf, sf = firsts[i]
@@ -147,7 +107,7 @@ def ref_placement(model: StepModel, budget: int, running: tuple[Running, ...], p
     if not running or fork is None:
         return Outcome(0, tf, tpot)
     _ref_run(model, budget, fork, until_ms=t, max_steps=max_steps)
-    return Outcome(max(0, with_it - _ref_over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)
+    return Outcome(max(0, with_it - _over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)
 
 
 
