@@ -20,6 +20,7 @@ Pure functions over tuples, no clock, no I/O.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -103,27 +104,102 @@ class _State:
 
 
 def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
-    left = [max(0, r.prefill) for r in reqs]
-    done = [max(0, r.context - n) for r, n in zip(reqs, left)]
-    queue = [i for i, r in enumerate(reqs) if r.prefill > 0 or r.tokens < 1]
-    queued = set(queue)
+    left: list[int] = []
+    done: list[int] = []
+    queue: list[int] = []
+    context = 0
+    for i, r in enumerate(reqs):
+        n = r.prefill if r.prefill > 0 else 0
+        d = r.context - n
+        d = d if d > 0 else 0
+        left.append(n)
+        done.append(d)
+        if n > 0 or r.tokens < 1:
+            queue.append(i)
+        else:
+            context += d
     decodes = len(reqs) - len(queue)
-    context = float(sum(done[i] for i in range(len(reqs)) if i not in queued))
+    ctx = float(context)
     room = max(1, budget - decodes)
     for i in queue:   # the prefill under way: the full chunks since it reached the head of the queue
         elapsed = reqs[i].queued_ms
         while elapsed > 0 and left[i] > 1:   # each chunk costs more than the last (causal attention)
             n = min(room, left[i] - 1)
-            elapsed -= model.ms(decodes + n, context, decodes, n * (done[i] + n / 2.0))
+            elapsed -= model.ms(decodes + n, ctx, decodes, n * (done[i] + n / 2.0))
             if elapsed < 0:
                 break
             left[i] -= n
             done[i] += n
-    return _State(left, done, queue, decodes, context)
+    return _State(left, done, queue, decodes, ctx)
+
+
+def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float | None,
+                  cache: DecodeCache | None) -> tuple[float, int]:
+    """``n`` decode-only steps of ``decodes`` requests with ``context`` tokens from ``t``, or fewer:
+    up to the first that ends at or after ``until_ms``. Returns (time reached, steps taken). The
+    same arithmetic in the same order as a step of :func:`_run` with nothing to prefill (the time
+    to the last bit); with ``cache``, the times of a stretch already stepped are read from it."""
+    if n <= 0:
+        return t, 0
+    if cache is not None and until_ms is not None:
+        times = cache.times(model, decodes, context, t, n, until_ms)
+        hi = min(n, len(times))
+        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
+        return times[k], k + 1
+    base = model.fixed_ms + model.per_token_ms * decodes
+    per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
+    zero = model.per_prefill_pair_ms * 0.0
+    k = 0
+    while k < n:
+        ms = base + per_context * context + decode_ms + zero
+        t += (ms if ms > 0.1 else 0.1) / speed
+        context += decodes
+        k += 1
+        if until_ms is not None and t >= until_ms:
+            break
+    return t, k
+
+
+class DecodeCache:
+    """The times of decode-only stretches already stepped, per start (step model, decodes,
+    context, time): while an endpoint's running requests do not change, every decision's run
+    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
+
+    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
+        """The times after each step of the stretch, at least up to the first at or after
+        ``until_ms`` or ``n`` of them."""
+        key = (id(model), decodes, context, t)
+        entry = self._runs.get(key)
+        if entry is None or entry[0] is not model:
+            if len(self._runs) >= self.size:
+                self._runs.clear()
+            entry = (model, [])
+            self._runs[key] = entry
+        times = entry[1]
+        if len(times) < n and (not times or times[-1] < until_ms):
+            base = model.fixed_ms + model.per_token_ms * decodes
+            per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
+            zero = model.per_prefill_pair_ms * 0.0
+            k = len(times)
+            c = context + k * decodes
+            u = times[-1] if times else t
+            while k < n:
+                ms = base + per_context * c + decode_ms + zero
+                u += (ms if ms > 0.1 else 0.1) / speed
+                times.append(u)
+                c += decodes
+                k += 1
+                if u >= until_ms:
+                    break
+        return times
 
 
 def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
-         max_steps: int = 4000) -> _State | None:
+         max_steps: int = 4000, decode_cache: DecodeCache | None = None) -> _State | None:
     """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
     state at the start of the step in which it first gets a chunk, the moment a run without it
     would part from this one (None if it never does)."""
@@ -135,6 +211,16 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
         model.decode_ms
     per_pair, speed = model.per_prefill_pair_ms, model.speed
     while steps < max_steps:
+        if head >= n_queue and decodes and (new_i >= 0 or until_ms is not None):
+            # nothing left to prefill: decode-only steps to the end of the run (_decode_steps)
+            if new_i >= 0:
+                n = min(probe - (steps - firsts[new_i][1]), max_steps - steps)
+                t, k = _decode_steps(model, decodes, context, t, n, None, decode_cache)
+            else:
+                t, k = _decode_steps(model, decodes, context, t, max_steps - steps, until_ms, decode_cache)
+            steps += k
+            context += k * decodes
+            break
         room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
         j = head
         chunks: list[tuple[int, int]] | None = [] if new_i >= 0 and fork is None else None   # until the fork
@@ -191,26 +277,55 @@ def forward(model: StepModel, budget: int, running: tuple[Running, ...], new: Ru
     return st.t, st.steps, st.firsts
 
 
+def _harm(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t: float, steps: int,
+          firsts0: dict[int, tuple[float, int]], t0: float, steps0: int) -> int:
+    """``_over`` of the run with the request (``firsts``, ``t``, ``steps``) less ``_over`` of the
+    run without it (``firsts0``, ``t0``, ``steps0``), at least 0: the two counts in one pass."""
+    n = 0
+    for i, (decode_ms, tokens, slo, _, prefill, _) in enumerate(running):
+        if slo <= 0:
+            continue
+        if prefill <= 0 and tokens >= 1:
+            k = tokens - 1 + steps
+            if k >= 1 and (decode_ms + t) / k > slo:
+                n += 1
+            k = tokens - 1 + steps0
+            if k >= 1 and (decode_ms + t0) / k > slo:
+                n -= 1
+            continue
+        f = firsts.get(i)
+        if f is not None:
+            k = steps - f[1]
+            if k >= 1 and (t - f[0]) / k > slo:
+                n += 1
+        f = firsts0.get(i)
+        if f is not None:
+            k = steps0 - f[1]
+            if k >= 1 and (t0 - f[0]) / k > slo:
+                n -= 1
+    return n if n > 0 else 0
+
+
 def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,
-              probe: int = 4, max_steps: int = 4000) -> Outcome:
+              probe: int = 4, max_steps: int = 4000, decode_cache: DecodeCache | None = None) -> Outcome:
     """The request (``prompt_tokens``, of which ``cached_tokens`` are in the endpoint's cache)
     placed on an endpoint running ``running``: :class:`Outcome`. The run without it is the run
-    with it up to the step in which its prefill starts, so it resumes from there."""
+    with it up to the step in which its prefill starts, so it resumes from there (its decode-only
+    stretch read from ``decode_cache`` when given: the same outcome, to the last bit)."""
     uncached = max(1, prompt_tokens - cached_tokens)
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
     st = _start(model, budget, (*running, new))
     i = len(running)
     fork = _run(model, budget, st, i, probe, max_steps=max_steps)
     t, steps, firsts = st.t, st.steps, st.firsts
-    with_it = _over(running, firsts, t, steps)
     if i not in firsts:
-        return Outcome(with_it, float("inf"), float("inf"))
+        return Outcome(_over(running, firsts, t, steps), float("inf"), float("inf"))
     tf, sf = firsts[i]
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     if not running or fork is None:
         return Outcome(0, tf, tpot)
-    _run(model, budget, fork, until_ms=t, max_steps=max_steps)
-    return Outcome(max(0, with_it - _over(running, fork.firsts, fork.t, fork.steps)), tf, tpot)
+    _run(model, budget, fork, until_ms=t, max_steps=max_steps, decode_cache=decode_cache)
+    return Outcome(_harm(running, firsts, t, steps, fork.firsts, fork.t, fork.steps), tf, tpot)
 
 
 class TwinEngine:
@@ -219,10 +334,11 @@ class TwinEngine:
 
     def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
         self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
+        self.decode_cache = DecodeCache()
 
     def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
         pred = endpoint.prediction
         if pred is None:
             raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
         return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
-                         self.max_steps)
+                         self.max_steps, self.decode_cache)

@@ -17,22 +17,27 @@ def running_on(endpoint: str, now: float, running: RunningQueue, contexts: Mappi
     the TPOT predicted for it at dispatch. The first request waiting prefills since the later
     of its dispatch and the last first token on ``endpoint`` (``first_token_at``)."""
     out = []
+    append, new, get = out.append, tuple.__new__, contexts.get   # Running(...) without its Python __new__
     head = True
     for rid, slo in running.requests(endpoint).items():
-        ctx = contexts.get(rid)
-        if ctx is None or ctx.dispatch is None:
+        ctx = get(rid)
+        if ctx is None:
             continue
-        slo = max(0.0, slo)
-        if not ctx.ttft_ms:   # dispatched, no first chunk yet
-            since = max(ctx.dispatch, first_token_at.get(endpoint, ctx.dispatch)) if head else now
-            out.append(Running(0.0, 0, slo, ctx.input_tokens, ctx.uncached, max(0.0, now - since) * 1000.0))
+        dispatch = ctx.dispatch
+        if dispatch is None:
+            continue
+        slo = slo if slo > 0.0 else 0.0
+        ttft_ms = ctx.ttft_ms
+        if not ttft_ms:   # dispatched, no first chunk yet
+            since = max(dispatch, first_token_at.get(endpoint, dispatch)) if head else now
+            queued = (now - since) * 1000.0
+            append(new(Running, (0.0, 0, slo, ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0)))
             head = False
             continue
-        elapsed = (now - ctx.dispatch) * 1000.0 - ctx.ttft_ms
-        if ctx.tokens_known and ctx.tokens >= 1:
-            tokens = ctx.tokens
-        else:
+        elapsed = (now - dispatch) * 1000.0 - ttft_ms
+        tokens = ctx.tokens
+        if not (ctx.tokens_known and tokens >= 1):
             pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
             tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
-        out.append(Running(max(0.0, elapsed), tokens, slo, ctx.input_tokens + tokens))
+        append(new(Running, (elapsed if elapsed > 0.0 else 0.0, tokens, slo, ctx.input_tokens + tokens, 0, 0.0)))
     return tuple(out)
