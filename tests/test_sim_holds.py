@@ -3,6 +3,8 @@ through the real simulator, and places each at its bound (``maxHoldMs``, ``maxHo
 the latest: the rule the gateway follows too, as it lives in the filter."""
 from __future__ import annotations
 
+import dataclasses
+
 import yaml
 
 from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
@@ -37,3 +39,23 @@ def test_no_request_is_held_longer_than_its_bound_in_the_simulator():
     # no request held longer than its bound
     assert all(t <= bound + 1e-6 for t, bound in held.values()), max(t - b for t, b in held.values())
     assert m["held_max_ms"] <= 400.0 + 1e-6 and m["completed"] == m["requests"] and m["shed"] == 0
+
+
+def test_sheddable_requests_late_everywhere_are_shed_and_counted_in_the_simulator():
+    base = get_scenario("standard-small")
+    c = base.slo_classes[0]
+    # half the requests sheddable (priority -1) with a tight TTFT SLO: some are late everywhere at capacity
+    sc = dataclasses.replace(base, slo_classes=(
+        dataclasses.replace(c, share=0.5),
+        dataclasses.replace(c, share=0.5, name="batch", priority=-1, ttft_ms=100.0, ttft_slowdown=1.2)))
+    opts = bench.RunOptions(seed=0, limit=200, ideal=True, epp_config=_with_filter_params(shedWhenHopeless=True))
+    arr, cap = bench.prepare(sc, opts)
+    m, _, router = bench.run_one(sc, arr, cap, 1.0, "predicted", opts)
+    f = next(x for p in router.lifecycle.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
+    admitter = router.lifecycle.admitters[0]            # latency-slo-admitter: sheds sheddable requests too
+    shed = [r for r in router.sim.requests if r.shed]
+    # the filter's refusals are counted in the run's shed requests, with the admitter's: every one
+    # sheddable and never dispatched; the hopeless requests that were not sheddable were placed
+    assert 0 < f.shed < f.hopeless and m["shed"] == len(shed) == f.shed + admitter.rejected
+    assert all(r.priority < 0 and r.dispatch_t < 0 for r in shed)
+    assert m["completed"] + m["shed"] == m["requests"]
