@@ -47,8 +47,10 @@ from epp_client.types import (
     InFlightLoad,
     LatencyPrediction,
     PrefixMatch,
+    ShedRequest,
     rank_endpoints,
 )
 
 __all__ = ["Endpoint", "EndpointMetrics", "PrefixMatch", "InFlightLoad", "LatencyPrediction", "InferenceRequest",
-           "Admission", "ConfigError", "EncoderMatch", "HoldRequest", "rank_endpoints"]
+           "Admission", "ConfigError", "EncoderMatch", "HoldRequest", "ShedRequest",
+           "rank_endpoints"]

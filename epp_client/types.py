@@ -199,6 +199,16 @@ class HoldRequest(Exception):
         self.reason = reason
 
 
+class ShedRequest(Exception):
+    """Raised by a filter: the request is refused now (status 429 with ``reason``, e.g. a
+    sheddable request no endpoint can serve within its SLO); the caller answers it with
+    Retry-After and never schedules it again itself."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class Admission:
     """Admission decision. A.2.2: a denial is ``Admission(False, reason, status=429)``."""

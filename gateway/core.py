@@ -199,9 +199,10 @@ class Gateway:
     async def _decide(self, info: InferenceRequest, hashes: list[int]) -> Routing:
         """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
         ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh candidates, with
-        the time held so far in ``info.waited_ms``; past ``max_hold_s`` it is denied
-        (``rejected-hold-expired``). A request that leaves while held is abandoned: flow control
-        stops counting it."""
+        the time held so far in ``info.waited_ms``; the filter bounds the hold (``maxHoldMs``) and
+        places the request at its bound. ``max_hold_s`` is a ceiling over any filter: past it the
+        request is denied (``rejected-hold-expired``). A request that leaves while held is
+        abandoned: flow control stops counting it."""
         held_at: float | None = None
         try:
             while True:

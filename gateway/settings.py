@@ -118,8 +118,8 @@ class GatewaySettings(EnvSettings):
     max_attempts: int = setting("LATENCY_GATEWAY_MAX_ATTEMPTS", 2, _COUNT,
                                 "endpoints tried before the first byte (`--max-attempts`)")
     max_hold_s: float = setting("LATENCY_GATEWAY_MAX_HOLD_S", 30.0, _POSITIVE,
-                                "seconds a request may be held by a filter (decode-harm-filter holdSlackMs) "
-                                "before it gets 429 `rejected-hold-expired`")
+                                "ceiling on the time any filter may hold a request (decode-harm-filter places "
+                                "it at its own `maxHoldMs` bound before); past it, 429 `rejected-hold-expired`")
     ejection_base_s: float = setting("LATENCY_GATEWAY_EJECTION_BASE_S", 5.0, _POSITIVE,
                                      "seconds an endpoint is ejected after 3 failed requests in a row; doubled at "
                                      "each ejection without a success in between")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp_client import Endpoint, EndpointMetrics, HoldRequest, InferenceRequest, PrefixMatch
+from epp_client import Endpoint, EndpointMetrics, HoldRequest, InferenceRequest, PrefixMatch, ShedRequest
 from epp_client.engine.twin import Running
 from epp_client.framework.profile import SchedulingProfile
 from epp_client.framework.scheduler import Scheduler
@@ -134,7 +134,7 @@ def test_producer_reports_each_running_request_as_the_twin_sees_it():
 def test_filter_holds_a_request_that_harms_wherever_it_goes_while_it_has_slack():
     tight = Running(1_000.0, 101, 10.2, 3_000)         # a 4,096-token prefill (two ~30 ms steps) pushes it over
     a, b = _endpoint("a", [tight]), _endpoint("b", [tight, tight])
-    hold = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300})
+    hold = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300, "maxHoldSloShare": 1.0})
     with pytest.raises(HoldRequest) as held:
         hold.filter(_request(tpot_slo=20), [a, b])      # TTFT ~61 ms of 5,000: plenty of slack
     assert held.value.retry_after_s == pytest.approx(0.05) and hold.holds == 1
@@ -177,3 +177,72 @@ def test_the_scheduler_answers_a_hold_and_places_the_request_when_it_is_schedule
     big.waited_ms = 4_700.0
     res = sched.schedule(big, eps, now=clock())
     assert res.ok and not res.held and res.endpoint.name in ("a", "b")
+
+
+def test_no_request_is_held_past_its_bound_and_the_last_retry_comes_at_it():
+    tight = Running(1_000.0, 101, 10.2, 3_000)         # harmed wherever the 4,096-token prompt goes
+    a, b = _endpoint("a", [tight]), _endpoint("b", [tight, tight])
+    # default bound: half of the 5,000 ms TTFT SLO (under maxHoldMs, 10 s)
+    hold = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300, "holdRetryMs": 400})
+    req = _request(tpot_slo=20)
+    assert hold.hold_bound_ms(req) == 2_500.0
+    waits = []
+    while True:                                         # the caller's loop: wait what the hold says
+        try:
+            kept = hold.filter(req, [a, b])
+            break
+        except HoldRequest as h:
+            waits.append(h.retry_after_s)
+            req.waited_ms += h.retry_after_s * 1000.0
+    assert [e.name for e in kept] == ["a"]              # placed at the bound, though still harming
+    assert waits == [0.4] * 6 + [pytest.approx(0.1)]    # the last retry shortened to land on the bound
+    assert req.waited_ms == pytest.approx(2_500.0) and hold.holds == 7
+    # maxHoldMs caps it, with or without a TTFT SLO; maxHoldSloShare 0 never holds
+    assert DecodeHarmFilter.from_config({"maxHoldMs": 800}).hold_bound_ms(req) == 800.0
+    no_slo = InferenceRequest(request_id="q", input_tokens=4_096, headers={"x-llm-d-slo-tpot-ms": "20"})
+    assert DecodeHarmFilter.from_config({"maxHoldMs": 800}).hold_bound_ms(no_slo) == 800.0
+    never = DecodeHarmFilter.from_config({**FLAT, "holdSlackMs": 300, "maxHoldSloShare": 0.0})
+    assert [e.name for e in never.filter(_request(tpot_slo=20), [a, b])] == ["a"] and never.holds == 0
+    with pytest.raises(ValueError, match="maxHoldMs"):
+        DecodeHarmFilter.from_config({"maxHoldMs": 0})
+
+
+def test_a_request_late_everywhere_goes_where_it_is_least_late_or_is_shed_when_sheddable():
+    # "busy": 10 steps of prefill ahead, nobody to harm; "harmed": a short queue, one decode it would slow
+    busy = _endpoint("busy", [Running(0.0, 0, 0.0, 20_480, 20_480)])
+    harmed = _endpoint("harmed", [Running(1_000.0, 101, 10.2, 3_000)])
+    req = _request(ttft_slo=40, tpot_slo=20)           # ~61 ms at best: late on both
+    count = DecodeHarmFilter.from_config({**FLAT, "hopelessPlacement": "count"})
+    assert count.scores(req, [busy, harmed]) == {"busy": 1, "harmed": 2}
+    assert [e.name for e in count.filter(req, [busy, harmed])] == ["busy"]     # parked behind the queue
+    f = DecodeHarmFilter.from_config(FLAT)              # least-late, the default
+    assert [e.name for e in f.filter(req, [busy, harmed])] == ["harmed"] and f.hopeless == 1
+    # a request some endpoint serves in time is placed by the count, as before
+    assert [e.name for e in f.filter(_request(ttft_slo=1_000, tpot_slo=20), [busy, harmed])] == ["busy"]
+    assert f.hopeless == 1
+    # shedWhenHopeless refuses only sheddable requests (priority < 0)
+    shed = DecodeHarmFilter.from_config({**FLAT, "shedWhenHopeless": True})
+    sheddable = _request(ttft_slo=40, tpot_slo=20)
+    sheddable.priority = -1
+    with pytest.raises(ShedRequest) as refused:
+        shed.filter(sheddable, [busy, harmed])
+    assert refused.value.reason == "shed-slo-unreachable" and shed.shed == 1
+    assert [e.name for e in shed.filter(req, [busy, harmed])] == ["harmed"] and shed.shed == 1
+    sheddable_in_time = _request(ttft_slo=1_000, tpot_slo=20)
+    sheddable_in_time.priority = -1
+    assert [e.name for e in shed.filter(sheddable_in_time, [busy, harmed])] == ["busy"]
+
+
+def test_the_scheduler_answers_a_shed_request_429_with_the_reason_and_does_not_keep_it():
+    clock = Clock(100.0)
+    prod = PredictedLatencyProducer(TablePredictor([(200.0, 10.0)] * 2), None, streaming_mode=True, clock=clock)
+    sched = Scheduler(producer=prod, profiles=[SchedulingProfile(
+        filters=[DecodeHarmFilter.from_config({**FLAT, "shedWhenHopeless": True})])])
+    eps = [Endpoint(name=n, metrics=EndpointMetrics(0.1, 0, 0)) for n in ("a", "b")]
+    req = _request(ttft_slo=20, tpot_slo=100)           # a 4,096-token prefill takes ~61 ms anywhere
+    req.priority = -1
+    res = sched.schedule(req, eps, now=clock())
+    assert not res.ok and not res.held and res.status == 429 and res.reason == "shed-slo-unreachable"
+    assert sched.shed == 1 and prod.decoding("a", clock()) == () and prod.decoding("b", clock()) == ()
+    req.priority = 0                                    # not sheddable: placed
+    assert sched.schedule(req, eps, now=clock()).ok

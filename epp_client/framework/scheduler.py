@@ -30,7 +30,10 @@ so, and ``pre_request`` writes ``x-prefiller-host-port`` / ``x-encoder-hosts-por
 the request headers (or removes them when the stage did not run).
 A filter may raise :class:`~epp_client.types.HoldRequest` (``decode-harm-filter`` with
 ``holdSlackMs``): the result is then held (``res.held``, status 429, ``retry_after_s``) and
-the caller schedules the request again that much later with ``request.waited_ms`` set.
+the caller schedules the request again that much later with ``request.waited_ms`` set (the
+filter bounds the time held: ``maxHoldMs``). A filter may raise
+:class:`~epp_client.types.ShedRequest` (``decode-harm-filter`` with ``shedWhenHopeless``): the
+result is a 429 with the filter's reason (``shed-slo-unreachable``), never scheduled again.
 ``prediction-opt-in-profile-handler`` runs the predicted profile for requests with
 ``x-prediction-based-scheduling: true`` once a learned model answers, else the heuristic
 one, and lets the admitters judge only the predicted requests.
@@ -51,7 +54,7 @@ from typing import Any
 from epp_client.framework.lifecycle import ProfileResult, SchedulingResult, candidates_for, ensure_request_id
 from epp_client.framework.profile import SchedulingProfile, default_profile
 from epp_client.framework.protocols import InFlightLoadProducer, Producer, RequestHooks
-from epp_client.types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest
+from epp_client.types import ADMITTED, ConfigError, Endpoint, HoldRequest, InferenceRequest, ShedRequest
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class Scheduler:
         self.producer_timeout_s = producer_timeout_s
         self.producer_errors = 0
         self.held = 0           # scheduling attempts a filter answered with a hold (HoldRequest)
+        self.shed = 0           # requests a filter refused (ShedRequest)
         # profile plugins with the request hooks (RequestHooks), e.g. lora-affinity-scorer with
         # request history; each once even if shared by profiles
         found: dict[int, Any] = {}
@@ -135,6 +139,11 @@ class Scheduler:
             self.held += 1
             return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates, status=429,
                                     reason=hold.reason, retry_after_s=hold.retry_after_s)
+        except ShedRequest as shed:
+            self._discard(request)
+            self.shed += 1
+            return SchedulingResult(request.request_id, [], {}, admission, candidates=candidates, status=429,
+                                    reason=shed.reason)
         primary = results.get(primary_name) or ProfileResult(primary_name, [], {})
         if not primary.picked:
             self._discard(request)

@@ -143,6 +143,7 @@ class LifecycleRouter(BaseRouter):
         self._held_since: dict[int, float] = {}    # request id -> when it was first held
         self.holds = 0                             # scheduling attempts answered with a hold
         self.held_requests = 0                     # requests held at least once
+        self.held_max_ms = 0.0                     # the longest a filter held a request before placing or shedding it
         self.tick_interval_s = learner.tick_interval_s if learner is not None else 0.0
 
     def bind(self, sim) -> None:
@@ -204,7 +205,9 @@ class LifecycleRouter(BaseRouter):
         if res.held:        # a filter holds it: schedule it again later (on_wake)
             self._hold(req, now, res.retry_after_s)
             return DEFERRED
-        self._held_since.pop(req.rid, None)
+        since = self._held_since.pop(req.rid, None)
+        if since is not None:
+            self.held_max_ms = max(self.held_max_ms, (now - since) * 1000.0)
         if not res.ok:
             return None
         req.ctx = (ireq, res, hashes)
@@ -308,6 +311,7 @@ class LifecycleRouter(BaseRouter):
         if self.holds:
             out["holds"] = self.holds
             out["held_requests"] = self.held_requests
+            out["held_max_ms"] = self.held_max_ms
         if self.learner is not None:
             out.update(self.learner.stats())
         return out

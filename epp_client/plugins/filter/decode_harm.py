@@ -30,7 +30,14 @@ on every endpoint it keeps, and would still have more than that much of its TTFT
 result and the caller (the gateway, the simulator) schedules the request again ``holdRetryMs``
 later with the time held in ``InferenceRequest.waited_ms``, which the TTFT SLO is reduced by. The
 prefill goes where and when the decodes it would slow are gone, at the cost of TTFT slack the
-request did not need.
+request did not need. No request is held longer than its bound: ``maxHoldMs``, and with a TTFT SLO
+``maxHoldSloShare`` of it; the last retry comes at the bound, and the request is placed then.
+
+A request late on every endpoint (the twin's TTFT or TPOT over its SLO wherever it goes) is placed
+where it is least late (``hopelessPlacement: least-late``), not where it harms fewest: that is the
+endpoint whose running requests are late already, and it would wait behind them. With
+``shedWhenHopeless`` a sheddable one (priority < 0) is refused instead: the filter raises
+:class:`~epp_client.types.ShedRequest`, a 429 ``shed-slo-unreachable``.
 
 The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`; the ``step*``
 parameters are the router's prior, ``engineSpeed`` divides them all). The twin is the plugins'
@@ -44,14 +51,32 @@ from __future__ import annotations
 
 from epp_client.engine.model import EngineModel, Outcome
 from epp_client.engine.twin import StepModel, TwinEngine
-from epp_client.framework.params import Plugin, ge, gt, param, within
+from epp_client.framework.params import Plugin, ge, gt, one_of, param, within
 from epp_client.framework.protocols import Filter
 from epp_client.framework.registry import plugin
 from epp_client.plugins.scorer.lora_affinity import lora_affinity
-from epp_client.types import Endpoint, HoldRequest, InferenceRequest, uncached_prompt_tokens
+from epp_client.types import (
+    TTFT_SLO_HEADERS,
+    Endpoint,
+    HoldRequest,
+    InferenceRequest,
+    ShedRequest,
+    parse_slo,
+    uncached_prompt_tokens,
+)
 
 _STEP = StepModel()
 _FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
+_MIN_HOLD_MS = 1.0   # a hold shorter than this is no hold: the request is placed
+#: the reason of a request refused with shedWhenHopeless
+SHED_SLO_UNREACHABLE = "shed-slo-unreachable"
+
+
+def lateness(request: InferenceRequest, o: Outcome) -> float:
+    """How many times over its SLO the request is in the twin's outcome ``o``: the larger of its
+    TTFT over what is left of its TTFT SLO and its TPOT over its TPOT SLO (0 without SLOs)."""
+    return max(o.ttft_ms / request.ttft_slo_ms if request.ttft_slo_ms > 0 else 0.0,
+               o.tpot_ms / request.tpot_slo_ms if request.tpot_slo_ms > 0 else 0.0)
 
 
 def _loads_an_adapter(target: str, e: Endpoint) -> bool:
@@ -135,8 +160,7 @@ class DecodeHarmCount(Plugin):
                 continue
             cached = prompt - uncached_prompt_tokens(e, prompt)
             o = self.engine_model.placement(request, e, prompt, cached)
-            late = max(o.ttft_ms / request.ttft_slo_ms if request.ttft_slo_ms > 0 else 0.0,
-                       o.tpot_ms / request.tpot_slo_ms if request.tpot_slo_ms > 0 else 0.0)
+            late = lateness(request, o)
             own = 0.0
             if self.own_miss and late > 1.0:
                 own = _FAR * late if 0 < self.max_lateness < late else 1.0
@@ -162,33 +186,83 @@ class DecodeHarmFilter(DecodeHarmCount):
     hold_retry_ms: float = param("holdRetryMs", default=50.0, check=gt(0.0),
                                  doc="how long a held request waits before it is scheduled again")
 
+    max_hold_ms: float = param("maxHoldMs", default=10_000.0, check=gt(0.0),
+                               doc="the longest a request is held in all, ms; then it is placed")
+
+    max_hold_slo_share: float = param("maxHoldSloShare", default=0.5, check=within(0.0, 1.0),
+                                      doc="a request with a TTFT SLO is held at most this share of it (and at most "
+                                          "maxHoldMs)")
+
+    hopeless_placement: str = param("hopelessPlacement", default="least-late", check=one_of("least-late", "count"),
+                                    doc="where a request late on every endpoint (the twin's TTFT or TPOT over its "
+                                        "SLO) goes: least-late keeps the endpoints where it is least late; count "
+                                        "the lowest count, as any other request")
+
+    shed_when_hopeless: bool = param("shedWhenHopeless", default=False,
+                                     doc="refuse a sheddable request (priority < 0) late on every endpoint: 429 "
+                                         "shed-slo-unreachable")
+
     def setup(self) -> None:
         super().setup()
         self.filtered = 0   # requests for which some candidate was dropped
         self.holds = 0      # scheduling attempts answered with a hold
+        self.hopeless = 0   # scheduling attempts of a request late on every endpoint (shed ones included)
+        self.shed = 0       # requests refused: sheddable and late on every endpoint (shedWhenHopeless)
 
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        if len(endpoints) <= 1 and self.hold_slack_ms <= 0:
+        if len(endpoints) <= 1 and self.hold_slack_ms <= 0 and not self.shed_when_hopeless:
             return endpoints
         assessed = self.assess(request, endpoints)
         if not assessed:
             return endpoints
-        counts = {name: sum(terms) for name, (terms, _) in assessed.items()}
-        low = min(counts.values())
-        kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
-        if self.hold_slack_ms > 0:
-            self._hold(request, [assessed[e.name] for e in kept])
+        hopeless = self._hopeless(request, endpoints, assessed)
+        if hopeless is not None:
+            kept = hopeless
+        else:
+            counts = {name: sum(terms) for name, (terms, _) in assessed.items()}
+            low = min(counts.values())
+            kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
+            if self.hold_slack_ms > 0:
+                self._hold(request, [assessed[e.name] for e in kept])
         if len(kept) < len(endpoints):
             self.filtered += 1
         return kept
 
+    def _hopeless(self, request: InferenceRequest, endpoints: list[Endpoint],
+                  assessed: dict[str, tuple[tuple[float, float, float], Outcome]]) -> list[Endpoint] | None:
+        """None when some endpoint serves the request within its SLOs (in the twin). Otherwise
+        raise :class:`ShedRequest` for a sheddable request with ``shedWhenHopeless``, or, with
+        ``hopelessPlacement: least-late``, the endpoints where it is least late."""
+        late = {name: lateness(request, o) for name, (_, o) in assessed.items()}
+        if min(late.values()) <= 1.0:
+            return None
+        self.hopeless += 1
+        if self.shed_when_hopeless and request.sheddable:
+            self.shed += 1
+            raise ShedRequest(SHED_SLO_UNREACHABLE)
+        if self.hopeless_placement != "least-late":
+            return None
+        least = min(late.values())
+        return [e for e in endpoints if late.get(e.name, float("inf")) <= least]
+
+    def hold_bound_ms(self, request: InferenceRequest) -> float:
+        """The longest ``request`` may be held in all: ``maxHoldMs``, and with a TTFT SLO at most
+        ``maxHoldSloShare`` of it (the header's, not what is left of it)."""
+        slo = parse_slo(request.headers, TTFT_SLO_HEADERS)
+        return min(self.max_hold_ms, self.max_hold_slo_share * slo) if slo > 0 else self.max_hold_ms
+
     def _hold(self, request: InferenceRequest, kept: list[tuple[tuple[float, float, float], Outcome]]) -> None:
-        """Raise :class:`HoldRequest` when the request harms running requests wherever it may go
-        and, held for ``holdRetryMs``, would still have more than ``holdSlackMs`` of its TTFT SLO
-        left on the kept endpoint where its first token comes soonest."""
+        """Raise :class:`HoldRequest` when the request harms running requests wherever it may go,
+        has been held less than its bound (:meth:`hold_bound_ms`), and, held for ``holdRetryMs``,
+        would still have more than ``holdSlackMs`` of its TTFT SLO left on the kept endpoint where
+        its first token comes soonest. The retry comes at the bound at the latest, where the
+        request is placed."""
         slo = request.ttft_slo_ms          # what is left of it: the scheduler's caller sets waited_ms
         if slo <= 0 or any(terms[0] <= 0 for terms, _ in kept):
             return
+        left = self.hold_bound_ms(request) - request.waited_ms
+        if left < _MIN_HOLD_MS:
+            return
         if slo - min(o.ttft_ms for _, o in kept) > self.hold_slack_ms + self.hold_retry_ms:
             self.holds += 1
-            raise HoldRequest(self.hold_retry_ms / 1000.0)
+            raise HoldRequest(min(self.hold_retry_ms, left) / 1000.0)
