@@ -92,3 +92,15 @@ def training_entry(i: int) -> dict:
             "num_request_waiting": i % 7, "num_request_running": i % 13, "num_tokens_generated": i % 500,
             "actual_ttft_ms": 200.0 + i % 900, "actual_tpot_ms": 10.0 + i % 40, "prefix_cache_score": (i % 10) / 10,
             "prefill_tokens_in_flight": i % 2048, "decode_tokens_in_flight": i % 4096, "timestamp": 1.7e9 + i}
+
+
+@pytest.fixture(scope="module")
+def prediction_server():
+    """The real prediction server app (serving the built-in prior) on loopback."""
+    from prediction_server.app import create_app
+    from prediction_server.settings import Settings
+    from support.servers import run_app
+
+    settings = Settings.from_env({}, host="127.0.0.1", port="0", training_server_url="")
+    with run_app(create_app(settings)) as url:
+        yield url

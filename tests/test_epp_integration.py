@@ -23,7 +23,7 @@ from epp_client.predictor import PredictorClient
 from epp_client.profiles import REFERENCE_CONFIG
 from epp_client.training import TrainingReporter
 from load.ports import free_port
-from test_epp_client import inject
+from support.inject import inject
 
 pytestmark = pytest.mark.slow
 
@@ -156,7 +156,7 @@ def test_fallback_with_prediction_servers_stopped(servers):
         _stop(proc)
     before = client.metrics.fallbacks
     scorer = sched.profiles[0].scorers[0][0]
-    for i in range(20):
+    for _i in range(20):
         res = sched.schedule(InferenceRequest(input_tokens=500, headers={"x-llm-d-slo-ttft-ms": "300"}), cluster())
         assert res.ok and all(c.prediction is None for c in res.candidates)
         # composite score: pod0-rank-0 (no queue, KV 0) scores highest

@@ -1,21 +1,14 @@
-"""The public data types of epp_client (A.1): SLO headers, defaults, data-parallel ranks, durations."""
+"""The public data types of epp_client (A.1): SLO headers, defaults, data-parallel ranks."""
 from __future__ import annotations
-
-import pytest
 
 from epp_client import (
     Admission,
-    ConfigError,
     Endpoint,
     EndpointMetrics,
     InferenceRequest,
     LatencyPrediction,
     PrefixMatch,
     rank_endpoints,
-)
-from epp_client.framework.params import parse_duration
-from epp_client.plugins import (
-    PredictedLatencyProducer,
 )
 
 
@@ -55,13 +48,3 @@ def test_data_parallel_rank_endpoints():
     legacy = rank_endpoints("p", "h", [8000, 8001], {"inference.networking.k8s.io/active-ports": "8001"})
     assert [e.name for e in legacy] == ["p-rank-1"]
     assert rank_endpoints("p", "h", [8000], {"llm-d.ai/active-ports": ""}) == []
-
-
-def test_go_duration_parsing():
-    assert parse_duration("5m") == 300 and parse_duration("1h30m") == 5400
-    assert parse_duration("250ms") == pytest.approx(0.25) and parse_duration("1.5s") == 1.5
-    with pytest.raises(ValueError):
-        parse_duration("5 minutes")
-    assert PredictedLatencyProducer.from_config({"contextTTL": "30s"}).context_ttl == 30
-    with pytest.raises(ConfigError, match="contextTTL"):
-        PredictedLatencyProducer.from_config({"contextTTL": "soon"})

@@ -8,10 +8,10 @@ import httpx
 import numpy as np
 import pytest
 
-from training_server.app import create_app
-from training_server.settings import Settings
 from load.data import load_entries
 from support.servers import run_app
+from training_server.app import create_app
+from training_server.settings import Settings
 
 GOOD = load_entries()[:20]
 TOKEN = "test-token-123"

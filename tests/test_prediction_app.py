@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from features.bundle import read_bundle
-from features.schema import ROW_FIELDS, parse_row, row_from_raw
-from prediction_server.app import create_app
-from load.demo_bundle import build_bundle, load_trace
 from features.loaded import LoadedBundle
+from features.schema import ROW_FIELDS, parse_row, row_from_raw
+from load.demo_bundle import build_bundle, load_trace
+from prediction_server.app import create_app
 from prediction_server.batcher import StrictBatcher
 from prediction_server.service import PredictionService
 from prediction_server.settings import Settings

@@ -1,7 +1,6 @@
-"""Plugin declarations: registration and discovery, roles, parameters declared once, docs."""
+"""epp_client.framework.registry: registration and discovery of plugin types, roles, the parameter reference in docs."""
 from __future__ import annotations
 
-import inspect
 import random
 import re
 import sys
@@ -12,14 +11,11 @@ import pytest
 
 from epp_client import ConfigError, Endpoint, EndpointMetrics, InferenceRequest
 from epp_client.framework.loader import build_scheduler
-from epp_client.framework.params import Plugin, param
+from epp_client.framework.params import Plugin
 from epp_client.framework.protocols import Filter, Scorer
 from epp_client.framework.registry import discover, plugin, reference, role_of
 from epp_client.plugins import (
     DisaggProfileHandler,
-    PredictedLatencyProducer,
-    ProbabilisticAdmitter,
-    SloHeadroomTierFilter,
 )
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -111,56 +107,6 @@ def test_registration_checks_the_role():
 
     with pytest.raises(TypeError, match="role must be one of"):
         plugin("odd", dict)
-
-
-def test_the_constructor_comes_from_the_declarations():
-    sig = inspect.signature(ProbabilisticAdmitter)
-    assert [(p.name, p.default) for p in sig.parameters.values()][:4] == [
-        ("queue_depth_threshold", 5), ("kv_cache_util_threshold", 0.8), ("power", 5.0), ("k", 300.0)]
-    assert "rng" in sig.parameters
-    producer = inspect.signature(PredictedLatencyProducer).parameters
-    assert [n for n, p in producer.items() if p.kind is p.POSITIONAL_OR_KEYWORD] == ["predictor", "sink"]
-    assert producer["slo_buffer_factor"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert [p.name for p in ProbabilisticAdmitter.PARAMS] == ["queueDepthThreshold", "kvCacheUtilThreshold",
-                                                              "power", "k"]
-
-
-@pytest.mark.parametrize("build", [
-    lambda: ProbabilisticAdmitter(power=-1.5),
-    lambda: ProbabilisticAdmitter.from_config({"power": -1.5}),
-])
-def test_validation_names_plugin_parameter_and_value(build):
-    with pytest.raises(ConfigError) as e:
-        build()
-    assert e.value.param == "probabilistic-admitter.power"
-    assert e.value.msg == "must be > 0, got -1.5"
-
-
-def test_values_are_coerced_where_declared():
-    a = ProbabilisticAdmitter(queue_depth_threshold=3.0, k=2)
-    assert a.queue_depth_threshold == 3 and type(a.queue_depth_threshold) is int
-    assert a.k == 2.0 and type(a.k) is float
-    assert PredictedLatencyProducer(context_ttl="1m30s").context_ttl == 90.0
-    with pytest.raises(ConfigError, match="must be a bool, got 'yes'"):
-        PredictedLatencyProducer(streaming_mode="yes")
-    with pytest.raises(ConfigError, match="must be finite"):
-        SloHeadroomTierFilter(epsilon_explore_neg=float("nan"))
-
-
-def test_a_parameter_needs_a_known_kind():
-    with pytest.raises(TypeError, match="annotate it as float, int, bool or str"):
-        class Odd(Plugin):
-            things: list = param("things", default=None)
-    with pytest.raises(ValueError, match="unknown kind"):
-        param("x", default=1, kind="complex")
-
-
-def test_context_is_passed_only_to_plugins_that_declare_it():
-    clock = lambda: 5.0  # noqa: E731
-    p = PredictedLatencyProducer.from_config({"streamingMode": True}, clock=clock, rng=random.Random(), sink=None)
-    assert p.clock is clock and p.streaming_mode and not hasattr(p, "rng")
-    r = random.Random(2)
-    assert SloHeadroomTierFilter.from_config(None, rng=r, clock=clock).rng is r
 
 
 def test_the_doc_lists_the_declared_parameters():

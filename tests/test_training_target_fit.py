@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from test_training_trainer import _linear_ramp
 from training_server import target_fit
 from training_server.calibration import conformal_offset
 from training_server.trainer import TrainConfig, loaded_bundle, train_models
-
-from test_training_trainer import _linear_ramp
 
 
 def test_drift_factor_rises_only_when_the_newer_half_needs_more():
