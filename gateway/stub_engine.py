@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -49,6 +50,7 @@ class EngineState:
     completed: int = 0
     cancelled: int = 0
     active: int = 0
+    spans: list[tuple[float, float]] = field(default_factory=list)   # (start, end) monotonic s of served requests
 
     def draw_mode(self) -> str:
         """This request's behaviour: the fixed mode, else one drawn from the rates."""
@@ -116,7 +118,7 @@ def make_app(state: EngineState, name: str):
         state.received.append(req)
         state.headers.append({k.decode(): v.decode("latin-1") for k, v in scope["headers"]})
         state.raw_headers.append(list(scope["headers"]))
-        for seen in (state.received, state.headers, state.raw_headers):
+        for seen in (state.received, state.headers, state.raw_headers, state.spans):
             if len(seen) > state.keep_received:
                 del seen[: len(seen) - state.keep_received]
         chat = scope["path"].endswith("/chat/completions")
@@ -134,6 +136,7 @@ def make_app(state: EngineState, name: str):
 
         w = asyncio.create_task(watch())
         state.active += 1
+        start = time.monotonic()
         try:
             await _serve(send, state, req, chat, n, name)
             state.completed += 1
@@ -143,6 +146,7 @@ def make_app(state: EngineState, name: str):
             state.cancelled += 1
         finally:
             state.active -= 1
+            state.spans.append((start, time.monotonic()))
             w.cancel()
 
     return app
