@@ -34,6 +34,7 @@ def test_the_prior_serves_until_a_learned_bundle_and_only_newer_bundles_replace_
     assert svc.swap(first) and svc.is_ready() and svc.bundle is first
     assert not svc.swap(first)                                  # not newer: kept
     assert not svc.swap(LoadedBundle.builtin_prior(0.9))        # a prior never replaces a learned model
+    assert svc.bundle is first and svc.is_ready()
     assert svc.swap(second) and svc.status()["model_version"] == second.version
     assert svc.status()["models_exist"] == {"ttft": True, "tpot": True}
     assert "latency_prediction_bundle_swaps_total 2.0" in svc.metrics.render().decode()

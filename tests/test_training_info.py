@@ -34,6 +34,7 @@ def test_the_prior_is_described_without_model_files(tmp_path):
         svc.ingest([training_entry(i) for i in range(30)]).result(30)
         s = info.data_status(svc)
         assert (s["stored_rows"], s["last_row_id"], s["retrain_cycles"], s["last_retrain"]) == (30, 30, 0, None)
+        assert s["strata"] >= 1 and s["inserted_since_start"] == 30 and s["model_source"] == "prior"
         assert s["rows_with_target"]["ttft"] + s["rows_with_target"]["tpot"] >= 30
     finally:
         svc.stop()
