@@ -41,7 +41,10 @@ class _Handler(BaseHTTPRequestHandler):
         if status != 304:
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except OSError:            # the client refused the body unread and closed
+            pass
 
 
 @pytest.fixture(scope="module")
