@@ -51,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
 def client():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     with httpx.Client(base_url=f"http://127.0.0.1:{httpd.server_address[1]}", timeout=10) as c:
         yield c
     httpd.shutdown()
