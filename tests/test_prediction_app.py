@@ -15,13 +15,10 @@ import pytest
 
 from features.bundle import read_bundle
 from features.loaded import LoadedBundle
-from features.schema import ROW_FIELDS, parse_row, row_from_raw
-from load.demo_bundle import build_bundle, load_trace
+from features.schema import ROW_FIELDS, parse_row
+from load.demo_bundle import build_bundle
 from prediction_server.app import create_app
-from prediction_server.batcher import StrictBatcher
-from prediction_server.service import PredictionService
-from prediction_server.settings import Settings
-from prediction_server.sync import BundleSync
+from support.prediction import ROW, settings_for, trace_rows, xgb_bundle_root
 from support.servers import run_app
 
 PRED_FIELDS = {
@@ -29,16 +26,6 @@ PRED_FIELDS = {
     "ttft_prediction_bounds": list, "tpot_prediction_bounds": list, "predicted_at": str, "model_type": str,
     "objective_type": str, "quantile": float, "last_model_load": str, "model_version": str, "model_source": str,
 }
-
-
-def trace_rows(n: int, start: int = 0) -> list[dict]:
-    raw, _, _ = load_trace()
-    return [row_from_raw(raw[(start + i * 53) % len(raw)]) for i in range(n)]
-
-
-def settings_for(bundle_dir: Path | None = None, **kw) -> Settings:
-    return Settings.from_env({}, training_server_url="", bundle_dir=str(bundle_dir) if bundle_dir else None,
-                             sync_interval_sec=0.2, **kw)
 
 
 def wait_ready(client: httpx.Client, timeout: float = 20.0) -> None:
@@ -52,9 +39,7 @@ def wait_ready(client: httpx.Client, timeout: float = 20.0) -> None:
 
 @pytest.fixture(scope="module")
 def xgb_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("xgb-bundles")
-    build_bundle(root, 1, "xgboost")
-    return root
+    return xgb_bundle_root(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -125,41 +110,6 @@ def test_identical_numbers_on_every_endpoint_and_training_side(learned, xgb_dir)
             assert got["ttft_ms"] == float(t_off[i]) and got["tpot_ms"] == float(p_off[i])
 
 
-def test_concurrent_strict_requests_share_one_model_call(xgb_dir):
-    """Coalescing on the strict hot path: requests waiting together are predicted in one
-    bundle.predict call, each answered exactly as if alone; a bad one still gets its own 422."""
-    import asyncio
-
-    settings = settings_for(xgb_dir)
-    service = PredictionService(settings)
-    assert BundleSync(settings, service).sync_once()["result"] == "updated"
-    batcher = StrictBatcher(service)
-    bodies = [json.dumps({"requests": trace_rows(k + 1, start=11 * k)}).encode() for k in range(5)]
-    bodies.insert(2, json.dumps({"requests": [dict(ROW, prefix_cache_score=2)]}).encode())
-
-    async def together():
-        return await asyncio.gather(*[batcher(b) for b in bodies])
-
-    results = asyncio.run(together())
-    assert batcher.flushes == 1
-    # a loop that stopped before flushing leaves nothing behind for the next loop
-    batcher._pending.append(("stale", None, 0.0))
-    async def bounded():
-        return await asyncio.wait_for(together(), 10)
-
-    again = asyncio.run(bounded())
-    assert batcher.flushes == 2 and [r[0] for r in again] == [r[0] for r in results]
-    assert results[2][0] == 422
-    assert json.loads(results[2][1])["detail"][0]["loc"] == ["body", "requests", 0, "prefix_cache_score"]
-    for body, (status, payload) in zip(bodies[:2] + bodies[3:], results[:2] + results[3:]):
-        alone_status, alone = service.predict_strict(body)
-        got, want = json.loads(payload), json.loads(alone)
-        assert status == alone_status == 200 and got["total_requests"] == want["total_requests"]
-        for g, w in zip(got["predictions"], want["predictions"]):
-            assert {k: v for k, v in g.items() if k != "predicted_at"} == \
-                   {k: v for k, v in w.items() if k != "predicted_at"}
-
-
 def test_bulk_shape_with_per_row_errors(learned):
     rows = trace_rows(4)
     bad = dict(rows[1], kv_cache_percentage=1.5)
@@ -220,9 +170,6 @@ def test_openapi_documents_bodies(learned):
 
 
 # ---- bad input: documented 4xx naming the field, never a 500 ---------------------------
-
-ROW = {"kv_cache_percentage": 0.5, "input_token_length": 100, "num_request_waiting": 0,
-       "num_request_running": 1, "num_tokens_generated": 0, "prefix_cache_score": 0.0}
 
 BAD_ROWS = [
     (dict(ROW, kv_cache_percentage="0.5"), "kv_cache_percentage", "type_error"),

@@ -164,20 +164,6 @@ def test_running_queue_min_tpot_tightens_headroom_and_counts_dispatched():
     assert p.running.size("a") == 0 and p.running.endpoints() == []
 
 
-def test_running_queue_rejects_empty_duplicate_and_negative():
-    q = PredictedLatencyProducer().running
-    assert not q.add("a", "", 1.0) and not q.add("a", "x", -1.0)
-    assert q.add("a", "x", 0.0) and not q.add("b", "x", 3.0)
-    assert q.size("a") == 1 and q.min_tpot("a") == 0.0
-    assert q.remove("x") and not q.remove("x")
-    # lazily deleted heap entries stay bounded while the endpoint never drains
-    q.add("a", "keep", 5.0)
-    for i in range(1000):
-        q.add("a", f"r{i}", 10.0)
-        q.remove(f"r{i}")
-    assert q.size("a") == 1 and q.heap_size("a") <= 18 and q.min_tpot("a") == 5.0
-
-
 def test_prediction_failure_writes_nothing_and_training_only_mode():
     p, pr, _, _ = make(values=None)
     eps = eps3()

@@ -9,7 +9,6 @@ import pytest
 
 from conftest import training_entry
 from training_server.app import create_app
-from training_server.bodies import from_loopback
 from training_server.settings import Settings
 from support.servers import run_app
 
@@ -85,17 +84,3 @@ def test_flush_with_a_token_needs_it_from_anywhere(tmp_path):
         assert app.state.service.store.rows == 5
         assert c.post("/flush", content=FLUSH_ALL, headers={**json_type, **REMOTE, **auth}).status_code == 200
         assert app.state.service.store.rows == 0
-
-
-class _Peer:
-    def __init__(self, host):
-        self.client = None if host is None else type("Addr", (), {"host": host})()
-
-
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True),
-    ("10.0.0.5", False), ("203.0.113.7", False), ("::ffff:10.0.0.5", False), ("2001:db8::1", False),
-    ("testclient", False), ("", False), (None, False),
-])
-def test_loopback_is_127_0_0_0_8_or_ipv6_loopback(host, loopback):
-    assert from_loopback(_Peer(host)) is loopback
