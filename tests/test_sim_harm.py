@@ -33,12 +33,15 @@ def harm_config(tmp_path_factory):
     return path
 
 
+LIMIT = 200     # requests per run: enough for queues at 90% load, few enough for the oracle's replays
+
+
 @functools.cache    # the runs are deterministic and only read: each one once per module
 def _run(config: str, true_harm: str, probe: int = 4):
     sc = get_scenario("standard-small")
     # the plugin's wiring, with the figures quoted below: in the idealised world (no step noise, every
     # request served), where the twin's estimate and the true count can be compared decision by decision
-    opts = bench.RunOptions(seed=0, limit=300, epp_config=config, true_harm=true_harm, true_harm_probe=probe,
+    opts = bench.RunOptions(seed=0, limit=LIMIT, epp_config=config, true_harm=true_harm, true_harm_probe=probe,
                             ideal=True)
     arr, cap = bench.prepare(sc, opts)
     return bench.run_one(sc, arr, cap, 0.9, "predicted", opts)
@@ -58,7 +61,7 @@ def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
     # tokens were streamed to the producer (its decode state measures the pace, not the prediction),
     # at most every output token after the first chunk
     assert 0 < m["streamed_tokens"] < sum(r.output_len for r in bench.prepare(get_scenario("standard-small"),
-                                                                              bench.RunOptions(limit=300))[0])
+                                                                              bench.RunOptions(limit=LIMIT))[0])
 
 
 def test_true_harm_replaces_the_twins_count_which_comes_close_to_it(harm_config):
@@ -68,7 +71,7 @@ def test_true_harm_replaces_the_twins_count_which_comes_close_to_it(harm_config)
     # the truth reaches the filter through its engine-model interface, the twin is out of the loop
     assert isinstance(f.engine_model, TrueEngine) and "assess" not in vars(f)
     # other decisions, and better ones: the truth's outcomes place and hold requests better than the
-    # twin's estimate on this run (90.3% against 85.7%)
+    # twin's estimate on this run (99.0% against 98.5%)
     assert true["slo_attainment"] > est["slo_attainment"]
     assert "true harm, --true-harm all, judged 4 decode steps" in router.description
 
@@ -77,7 +80,8 @@ def test_true_harm_parts_replace_one_term_of_the_estimate(harm_config):
     """``harm`` / ``own``: the filter's outcomes come from the truth for that part only; each run
     decides differently from the estimate and from the other."""
     runs = {part: _run(harm_config.read_text(), part) for part in ("", "harm", "own")}
-    assert len({m["slo_attainment"] for m, _, _ in runs.values()}) == 3
+    # what each run decided: its attainment, median TTFT and holds (harm and own tie on attainment here)
+    assert len({(m["slo_attainment"], m["ttft_p50_ms"], r.holds) for m, _, r in runs.values()}) == 3
     for part in ("harm", "own"):
         f = _harm_filter(runs[part][2])
         assert isinstance(f.engine_model, TrueEngine) and isinstance(f.engine_model.estimate, TwinEngine)
