@@ -112,17 +112,21 @@ def assert_predictions(result):
     assert result.ttft_ms == [10.0, 11.0, 12.0] and result.tpot_ms == [2.0, 3.0, 4.0]
 
 
+def predict_twice(c, mode):
+    """Two bulk predictions on one client, sync or async, each with the server's answer."""
+    async def twice():
+        return [await c.apredict_bulk(ROWS), await c.apredict_bulk(ROWS)]
+
+    results = [c.predict_bulk(ROWS), c.predict_bulk(ROWS)] if mode == "sync" else asyncio.run(twice())
+    for r in results:
+        assert_predictions(r)
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_chunked_answers_are_read_and_the_connection_reused(mode):
     with raw_server(lambda i: (OK_CHUNKED, False)) as srv:
         c = PredictorClient([srv.url], deadline_ms=2000)
-
-        async def twice():
-            return [await c.apredict_bulk(ROWS), await c.apredict_bulk(ROWS)]
-
-        results = [c.predict_bulk(ROWS), c.predict_bulk(ROWS)] if mode == "sync" else asyncio.run(twice())
-        for r in results:
-            assert_predictions(r)
+        predict_twice(c, mode)
         assert srv.requests == 2 and srv.connections == 1  # kept alive after a chunked answer
         assert c.metrics.successes == 2 and c.metrics.failures == {}
         c.close()
@@ -134,13 +138,7 @@ def test_a_kept_connection_closed_by_the_server_is_retried_on_a_fresh_one(mode):
     # finds it dead before any byte of the answer and reconnects, without a failure
     with raw_server(lambda i: (OK_LENGTH, True) if i == 0 else (OK_LENGTH, False)) as srv:
         c = PredictorClient([srv.url], deadline_ms=2000)
-
-        async def twice():
-            return [await c.apredict_bulk(ROWS), await c.apredict_bulk(ROWS)]
-
-        results = [c.predict_bulk(ROWS), c.predict_bulk(ROWS)] if mode == "sync" else asyncio.run(twice())
-        for r in results:
-            assert_predictions(r)
+        predict_twice(c, mode)
         assert srv.requests == 2 and srv.connections == 2
         assert c.metrics.failures == {} and c.breakers[srv.url].consecutive == 0
         c.close()
