@@ -4,15 +4,10 @@ from __future__ import annotations
 import pytest
 
 from epp_client import ConfigError
-from epp_client.flowcontrol import (
-    ConcurrencyDetector,
-    GlobalStrictFairness,
-    ProgramAwareFairness,
-    RoundRobinFairness,
-    UtilizationDetector,
-    build_flow_control,
-    make_detector,
-)
+from epp_client.flowcontrol.config import build_flow_control, make_detector
+from epp_client.flowcontrol.policies import GlobalStrictFairness, RoundRobinFairness
+from epp_client.flowcontrol.program_aware import ProgramAwareFairness
+from epp_client.flowcontrol.saturation import ConcurrencyDetector, UtilizationDetector
 from epp_client.framework.loader import build_scheduler
 from support.flow import Clock
 
