@@ -67,10 +67,12 @@ def test_a_restarted_engine_is_back_on_its_first_good_scrape(engines):
     gw, srv = start([a.url, b.url], FixedOrder(), ejection_base_s=600, ejection_max_s=600, scrape_interval_s=0.3)
     a2 = None
     try:
-        a.stop()
-        for _ in range(3):   # refused connections (sent before three failed scrapes make it unhealthy anyway)
+        a.state.mode = "error503"   # its dispatches fail while its scrapes succeed: only the breaker ejects it
+        for _ in range(3):
             assert httpx.post(srv.url + "/v1/completions", json=BODY).headers["x-engine"] == "b"
         assert gw.endpoints[0].breaker.ejections == 1   # ejected for ten minutes...
+        assert gw.endpoints[0].scrape_failures == 0
+        a.stop()
         assert wait_until(lambda: gw.endpoints[0].scrape_failures > 0)   # a scrape saw it down
         a2 = FakeEngine("a", port=a.port).start()       # ...but the engine is back: its scrape says so
         assert wait_until(lambda: endpoint(srv.url, 0)["healthy"])
