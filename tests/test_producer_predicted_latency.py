@@ -44,8 +44,8 @@ class Clock:
 
 def eps3():
     return [
-        Endpoint(name="a", labels={"role": "decode"}, metrics=EndpointMetrics(0.25, 2, 7), prefix_match=PrefixMatch(3, 4),
-                 inflight=InFlightLoad(500, 3)),
+        Endpoint(name="a", labels={"role": "decode"}, metrics=EndpointMetrics(0.25, 2, 7),
+                 prefix_match=PrefixMatch(3, 4), inflight=InFlightLoad(500, 3)),
         Endpoint(name="b", labels={"role": "prefill"}, metrics=EndpointMetrics(0.5, 0, 4)),
         Endpoint(name="c", labels={"role": "both"}, metrics=EndpointMetrics(0.0, 1, 0), prefix_match=PrefixMatch(2, 0)),
     ]
@@ -66,6 +66,12 @@ def make(values=((100.0, 10.0), (200.0, 20.0), (300.0, 30.0)), **kw):
     pr = TablePredictor(None if values is None else list(values))
     p = PredictedLatencyProducer(pr, sink, clock=clock, wall_clock=lambda: 1.7e9, **kw)
     return p, pr, sink, clock
+
+
+def dispatch(p, request, eps, i=0):
+    """The scheduler's two calls for one request: produce over ``eps``, then dispatch to ``eps[i]``."""
+    p.produce(request, eps)
+    p.pre_request(request, eps[i])
 
 
 def test_defaults_and_config_validation():
@@ -105,8 +111,7 @@ def test_rows_one_bulk_call_per_candidate_set():
 def test_a25_num_tokens_generated_same_in_prediction_and_ttft_training_rows():
     p, pr, sink, clock = make()
     eps = eps3()
-    p.produce(req(), eps)
-    p.pre_request(req(), eps[0])
+    dispatch(p, req(), eps)
     clock.t += 0.25
     p.on_complete("r1")
     assert pr.calls[0][0]["num_tokens_generated"] == 0 == sink.entries[0]["num_tokens_generated"]
@@ -146,8 +151,7 @@ def test_headroom_streaming_buffer_factor_prefill_and_missing_tpot_slo():
 def test_running_queue_min_tpot_tightens_headroom_and_counts_dispatched():
     p, _, _, _ = make(values=[(100.0, 10.0)] * 3, streaming_mode=True)
     eps = eps3()
-    p.produce(req("r1", tpot=15), eps)
-    p.pre_request(req("r1", tpot=15), eps[0])
+    dispatch(p, req("r1", tpot=15), eps)
     eps = eps3()
     p.produce(req("r2", tpot=50), eps)
     a, b, _ = (e.prediction for e in eps)
@@ -209,8 +213,7 @@ def test_e2e_mode_training_sample_from_scheduling_snapshot_with_a24_fields():
 def test_a23_aborted_or_failed_responses_train_nothing(kw):
     p, _, sink, clock = make()
     eps = eps3()
-    p.produce(req(), eps)
-    p.pre_request(req(), eps[0])
+    dispatch(p, req(), eps)
     clock.t += 2.0
     p.on_complete("r1", **kw)
     assert list(sink.entries) == [] and p.tracked_requests() == 0 and p.running.size("a") == 0
@@ -219,8 +222,7 @@ def test_a23_aborted_or_failed_responses_train_nothing(kw):
 def test_streaming_ttft_at_first_chunk_and_tpot_over_chunks():
     p, _, sink, clock = make(streaming_mode=True)
     eps = eps3()
-    p.produce(req(tpot=30), eps)
-    p.pre_request(req(tpot=30), eps[0])
+    dispatch(p, req(tpot=30), eps)
     clock.t += 0.1005
     p.on_first_chunk("r1")
     assert sink.entries[0]["actual_ttft_ms"] == 100.0 and sink.entries[0]["actual_tpot_ms"] == 0
@@ -239,8 +241,7 @@ def test_streaming_ttft_at_first_chunk_and_tpot_over_chunks():
 def test_a26_tpot_counts_tokens_when_reported():
     p, _, sink, clock = make(streaming_mode=True)
     eps = eps3()
-    p.produce(req(), eps)
-    p.pre_request(req(), eps[0])
+    dispatch(p, req(), eps)
     clock.t += 0.1
     p.on_first_chunk("r1", tokens=1)
     for _ in range(3):
@@ -263,13 +264,11 @@ def test_a26_tpot_counts_tokens_when_reported():
 def test_streaming_edge_cases():
     p, _, sink, clock = make(streaming_mode=True)
     eps = eps3()
-    p.produce(req(), eps)
-    p.pre_request(req(), eps[0])
+    dispatch(p, req(), eps)
     clock.t += 0.2
     p.on_complete("r1")  # single-chunk streaming response: nothing recorded
     assert list(sink.entries) == [] and p.tracked_requests() == 0
-    p.produce(req("r2"), eps)
-    p.pre_request(req("r2"), eps[0])
+    dispatch(p, req("r2"), eps)
     clock.t += 0.2
     p.on_first_chunk("r2")
     clock.t += 0.2
@@ -310,8 +309,7 @@ def test_encoder_cache_features():
 def test_redispatch_moves_the_running_queue_entry():
     p, _, sink, clock = make()
     eps = eps3()
-    p.produce(req(tpot=7), eps)
-    p.pre_request(req(tpot=7), eps[0])
+    dispatch(p, req(tpot=7), eps)
     p.pre_request(req(tpot=7), {"default": eps[2]})  # retried on another endpoint
     assert p.running.size("a") == 0 and p.running.size("c") == 1
     clock.t += 0.25
@@ -325,8 +323,7 @@ def test_redispatch_moves_the_running_queue_entry():
 def test_context_ttl_touch_on_read_and_expiry_removes_running_entry():
     p, _, sink, clock = make(context_ttl=10.0)
     eps = eps3()
-    p.produce(req(), eps)
-    p.pre_request(req(), eps[0])
+    dispatch(p, req(), eps)
     clock.t += 8
     p.on_chunk("r1")  # a read refreshes the TTL
     clock.t += 8
