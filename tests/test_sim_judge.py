@@ -66,6 +66,25 @@ def test_abandoned_mid_decode_frees_its_blocks_for_a_later_request():
     assert idle_short.first_token_t >= idle_long.finish_t > short.finish_t
 
 
+def test_a_clone_taken_during_a_step_whose_request_was_abandoned_continues_without_it():
+    """The oracles clone a server at any moment; a request abandoned while its step runs is out of
+    the running set but still in the step in progress, which completes without it."""
+    from load.sim.server import ModelServer
+    srv = ModelServer(0, get_preset("llama3-8b-a100"))
+    gone, stays = _req(0, 1_000, 5), _req(1, 800, 5)          # both fit one 2,048-token step
+    srv.add(gone, 0.0)
+    srv.add(stays, 0.0)
+    t = srv.plan_step(0.0)
+    assert {r.rid for r, _ in srv._batch} == {0, 1}          # both prompts in the step in progress
+    gone.abandoned = True
+    assert srv.abandon(gone)
+    twin = srv.clone()
+    assert [r.rid for r, _ in twin._batch] == [1] and [r.rid for r in twin.running] == [1]
+    twin.finish_step(t, None, None)
+    srv.finish_step(t, None, None)
+    assert twin.running[0].computed == stays.computed > 0     # the clone's step did what the server's did
+
+
 def test_a_request_abandoned_while_queued_is_a_miss_and_nothing_drains_after_the_last_deadline():
     spec = get_preset("llama3-8b-a100", max_num_seqs=1)
     reqs = [_req(i, 1_000, 400, t=0.01 * i) for i in range(12)]

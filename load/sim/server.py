@@ -307,5 +307,6 @@ class ModelServer:
         c.lora_counts = dict(self.lora_counts)
         c.adapters = self.adapters.clone() if self.adapters is not None else None
         c.noise = self.noise.expected() if self.noise is not None else None   # no peek at the world's draws
-        c._batch = [(m[id(r)], n) for r, n in self._batch]
+        # a request abandoned during the step in progress is in no queue; the step completes without it
+        c._batch = [(m[id(r)], n) for r, n in self._batch if id(r) in m]
         return c
