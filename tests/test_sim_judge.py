@@ -17,6 +17,7 @@ from load.sim.report import summarize
 from load.sim.request import SimRequest
 from load.sim.routers import RoundRobinRouter
 from load.sim.scenarios import get_scenario
+from load.sim.server import ModelServer
 from load.sim.stepmodel import get_preset
 from load.sim.workloads import SEG
 
@@ -69,7 +70,6 @@ def test_abandoned_mid_decode_frees_its_blocks_for_a_later_request():
 def test_a_clone_taken_during_a_step_whose_request_was_abandoned_continues_without_it():
     """The oracles clone a server at any moment; a request abandoned while its step runs is out of
     the running set but still in the step in progress, which completes without it."""
-    from load.sim.server import ModelServer
     srv = ModelServer(0, get_preset("llama3-8b-a100"))
     gone, stays = _req(0, 1_000, 5), _req(1, 800, 5)          # both fit one 2,048-token step
     srv.add(gone, 0.0)
