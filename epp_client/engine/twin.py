@@ -313,6 +313,10 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
     with it up to the step in which its prefill starts, so it resumes from there (its decode-only
     stretch read from ``decode_cache`` when given: the same outcome, to the last bit)."""
     uncached = max(1, prompt_tokens - cached_tokens)
+    if running:
+        fast = _all_decoding(model, budget, running, prompt_tokens, uncached, probe, max_steps, decode_cache)
+        if fast is not None:
+            return fast
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
     st = _start(model, budget, (*running, new))
     i = len(running)
@@ -326,6 +330,54 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
         return Outcome(0, tf, tpot)
     _run(model, budget, fork, until_ms=t, max_steps=max_steps, decode_cache=decode_cache)
     return Outcome(_harm(running, firsts, t, steps, fork.firsts, fork.t, fork.steps), tf, tpot)
+
+
+def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, uncached: int,
+                  probe: int, max_steps: int, decode_cache: DecodeCache | None) -> Outcome | None:
+    """:func:`placement` where every running request decodes (the common state), or None where
+    another is still prefilling or the run would reach ``max_steps``: the same steps in the same
+    order without the general loop's bookkeeping. The request is alone in the queue, so the run
+    without it parts at the start (time 0) and is one decode-only stretch; nobody else gets a
+    first token, so the harm reads each request's decode time and tokens only."""
+    decode_col, token_col, slo_col, context_col, prefill_col, _ = zip(*running)
+    decodes = len(running)
+    room = budget - decodes
+    if room <= 0 or min(token_col) < 1 or max(prefill_col) > 0 or min(context_col) < 0:
+        return None
+    left, done = uncached, max(prompt_tokens, uncached) - uncached
+    if -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
+        return None
+    context = float(sum(context_col))
+    ctx0 = context
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    t, steps = 0.0, 0
+    while left > 0:     # the request's prefill chunks, as :func:`_run` steps them
+        n = left if left < room else room
+        pairs = 0.0 + n * (done + n / 2.0)
+        left -= n
+        done += n
+        ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
+        t += max(ms, 0.1) / speed
+        steps += 1
+        context += decodes
+    tf, sf = t, steps
+    context += done + 1
+    t, k = _decode_steps(model, decodes + 1, context, t, min(probe, max_steps - steps), None, decode_cache)
+    steps += k
+    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
+    t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, decode_cache)
+    harm = 0
+    for d, tokens, slo in zip(decode_col, token_col, slo_col):
+        if slo > 0:
+            k = tokens - 1 + steps
+            if k >= 1 and (d + t) / k > slo:
+                harm += 1
+            k = tokens - 1 + steps0
+            if k >= 1 and (d + t0) / k > slo:
+                harm -= 1
+    return Outcome(harm if harm > 0 else 0, tf, tpot)
 
 
 class TwinEngine:
