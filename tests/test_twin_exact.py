@@ -210,3 +210,42 @@ def test_the_producers_view_of_an_endpoint_is_the_plain_loops():
         got = running_on("a", now, queue, contexts, first)
         assert got == want and repr(got) == repr(want)
         assert all(type(r) is Running for r in got)
+
+
+def test_the_all_decoding_fast_path_equals_the_plain_replay_as_the_endpoint_state_changes_between_decisions():
+    """An endpoint's running requests evolve between decisions (tokens and decode time advance,
+    requests finish, new ones are dispatched and get their first token), the DecodeCache kept
+    across them: every outcome is the plain replay's, and most come from the fast path."""
+    from epp_client.engine.twin import _all_decoding
+
+    rng = random.Random(4)
+    fast = total = 0
+    for _ in range(60):
+        model, budget = rng.choice(MODELS), rng.choice((64, 512, 2_048))
+        cache = DecodeCache(size=rng.choice((2, 1024)))
+        probe, max_steps = rng.randint(1, 6), rng.choice((4_000, 4_000, 12))
+        running = [Running(rng.uniform(0, 3_000), rng.randint(1, 300), rng.choice((0.0, 20.0, 50.0)),
+                           rng.randint(10, 30_000)) for _ in range(rng.randint(1, 24))]
+        for _ in range(25):
+            state = tuple(running)
+            for _ in range(rng.randint(1, 3)):
+                prompt = rng.randint(1, 9_000)
+                cached = rng.choice((0, rng.randint(0, prompt), prompt))
+                want = ref_placement(model, budget, state, prompt, cached, probe, max_steps)
+                got = placement(model, budget, state, prompt, cached, probe, max_steps, cache)
+                assert got == want and repr(got) == repr(want)
+                total += 1
+                fast += bool(state) and _all_decoding(model, budget, state, prompt, max(1, prompt - cached), probe,
+                                                      max_steps, None) is not None
+            dt, steps = rng.choice((0.0, rng.uniform(0.0, 200.0))), rng.randint(0, 20)
+            running = [r._replace(decode_ms=r.decode_ms + dt, tokens=r.tokens + steps, context=r.context + steps)
+                       if r.tokens >= 1 else r for r in running]
+            if running and rng.random() < 0.3:
+                running.pop(rng.randrange(len(running)))
+            if rng.random() < 0.3:
+                running.append(Running(0.0, 1, rng.choice((0.0, 50.0)), rng.randint(10, 9_000)))
+            if rng.random() < 0.1:     # a dispatched request still prefilling: the general path
+                running.append(Running(0.0, 0, 50.0, 9_000, rng.randint(1, 9_000), rng.uniform(0.0, 100.0)))
+            if rng.random() < 0.15:
+                running = [r for r in running if r.tokens >= 1]
+    assert fast > total // 2 and fast < total     # both paths were compared
