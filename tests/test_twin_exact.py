@@ -249,3 +249,28 @@ def test_the_all_decoding_fast_path_equals_the_plain_replay_as_the_endpoint_stat
             if rng.random() < 0.15:
                 running = [r for r in running if r.tokens >= 1]
     assert fast > total // 2 and fast < total     # both paths were compared
+
+
+def test_long_decode_only_stretches_stepped_with_numpy_end_where_the_replay_does_to_the_last_bit():
+    """Stretches of hundreds of steps (numpy steps those, elementwise), read to several ends from
+    one cache and extended past what it holds, against the plain replay: the same time, steps and
+    context; the numpy stepping ran (stretches longer than its threshold)."""
+    from epp_client.engine.stretch import _VECTOR_STEPS
+    from epp_client.engine.twin import _run, _start
+
+    rng = random.Random(9)
+    cache = DecodeCache(size=16)
+    longest = 0
+    for _ in range(80):
+        model = rng.choice(MODELS)
+        running = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), 50.0, rng.randint(10, 90_000))
+                        for _ in range(rng.randint(1, 64)))
+        for _ in range(3):
+            until, max_steps = rng.uniform(1.0, 40_000.0), rng.choice((4_000, 4_000, 300, 7))
+            ref = _ref_start(model, 2_048, running)
+            _ref_run(model, 2_048, ref, until_ms=until, max_steps=max_steps)
+            st = _start(model, 2_048, running)
+            _run(model, 2_048, st, until_ms=until, max_steps=max_steps, decode_cache=cache)
+            assert (st.t, st.steps, st.context) == (ref.t, ref.steps, ref.context)
+            longest = max(longest, ref.steps)
+    assert longest > 10 * _VECTOR_STEPS

@@ -20,11 +20,11 @@ Pure functions over tuples, no clock, no I/O.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
+from epp_client.engine.stretch import DecodeCache, _decode_steps
 from epp_client.types import Endpoint, InferenceRequest
 
 
@@ -131,71 +131,6 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
             left[i] -= n
             done[i] += n
     return _State(left, done, queue, decodes, ctx)
-
-
-def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float | None,
-                  cache: DecodeCache | None) -> tuple[float, int]:
-    """``n`` decode-only steps of ``decodes`` requests with ``context`` tokens from ``t``, or fewer:
-    up to the first that ends at or after ``until_ms``. Returns (time reached, steps taken). The
-    same arithmetic in the same order as a step of :func:`_run` with nothing to prefill (the time
-    to the last bit); with ``cache``, the times of a stretch already stepped are read from it."""
-    if n <= 0:
-        return t, 0
-    if cache is not None and until_ms is not None:
-        times = cache.times(model, decodes, context, t, n, until_ms)
-        hi = min(n, len(times))
-        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
-        return times[k], k + 1
-    base = model.fixed_ms + model.per_token_ms * decodes
-    per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
-    zero = model.per_prefill_pair_ms * 0.0
-    k = 0
-    while k < n:
-        ms = base + per_context * context + decode_ms + zero
-        t += (ms if ms > 0.1 else 0.1) / speed
-        context += decodes
-        k += 1
-        if until_ms is not None and t >= until_ms:
-            break
-    return t, k
-
-
-class DecodeCache:
-    """The times of decode-only stretches already stepped, per start (step model, decodes,
-    context, time): while an endpoint's running requests do not change, every decision's run
-    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
-
-    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
-        """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them."""
-        key = (id(model), decodes, context, t)
-        entry = self._runs.get(key)
-        if entry is None or entry[0] is not model:
-            if len(self._runs) >= self.size:
-                self._runs.clear()
-            entry = (model, [])
-            self._runs[key] = entry
-        times = entry[1]
-        if len(times) < n and (not times or times[-1] < until_ms):
-            base = model.fixed_ms + model.per_token_ms * decodes
-            per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
-            zero = model.per_prefill_pair_ms * 0.0
-            k = len(times)
-            c = context + k * decodes
-            u = times[-1] if times else t
-            while k < n:
-                ms = base + per_context * c + decode_ms + zero
-                u += (ms if ms > 0.1 else 0.1) / speed
-                times.append(u)
-                c += decodes
-                k += 1
-                if u >= until_ms:
-                    break
-        return times
 
 
 def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
