@@ -274,3 +274,25 @@ def test_long_decode_only_stretches_stepped_with_numpy_end_where_the_replay_does
             assert (st.t, st.steps, st.context) == (ref.t, ref.steps, ref.context)
             longest = max(longest, ref.steps)
     assert longest > 10 * _VECTOR_STEPS
+
+
+def test_runs_through_long_prompts_to_a_time_end_where_the_replay_does_to_the_last_bit():
+    """Runs without a request to place through queues of long prompts (their full chunks stepped
+    with numpy), to a time or until nothing is left to prefill: the same state as the plain replay."""
+    from epp_client.engine.stretch import _VECTOR_CHUNKS
+    from epp_client.engine.twin import _run, _start
+
+    rng = random.Random(12)
+    most = 0
+    for _ in range(300):
+        model, budget = rng.choice(MODELS), rng.choice((256, 2_048))
+        running = _random_running(rng)
+        until, max_steps = rng.choice((None, rng.uniform(1.0, 30_000.0))), rng.choice((4_000, 4_000, 9))
+        ref = _ref_start(model, budget, running)
+        _ref_run(model, budget, ref, until_ms=until, max_steps=max_steps)
+        st = _start(model, budget, running)
+        _run(model, budget, st, until_ms=until, max_steps=max_steps, decode_cache=DecodeCache())
+        assert (st.t, st.steps, st.context, st.head, st.left, st.done, st.firsts) == \
+            (ref.t, ref.steps, ref.context, ref.head, ref.left, ref.done, ref.firsts)
+        most = max(most, max((n // budget for n in ref.done), default=0))
+    assert most > 4 * _VECTOR_CHUNKS     # prompts long enough for the numpy stepping

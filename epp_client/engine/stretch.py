@@ -1,7 +1,8 @@
-"""The engine twin's decode-only stretches (:mod:`epp_client.engine.twin`): steps in which every
-request running decodes and nothing is left to prefill, stepped in a tight loop, read from a
-:class:`DecodeCache` of stretches already stepped, and stepped with numpy when long; the same
-arithmetic in the same order as the twin's general step (to the last bit: tests/test_twin_exact.py).
+"""The engine twin's stretches of like steps (:mod:`epp_client.engine.twin`): decode-only steps
+(every request running decodes, nothing is left to prefill), stepped in a tight loop, read from a
+:class:`DecodeCache` of stretches already stepped, and stepped with numpy when long; and the full
+chunks of one long prompt (:func:`full_chunks`). The same arithmetic in the same order as the
+twin's general step, to the last bit (tests/test_twin_exact.py).
 """
 from __future__ import annotations
 
@@ -105,3 +106,28 @@ def _stepped(times: list[float], base: float, per_context: float, decode_ms: flo
     np.cumsum(acc, out=acc)
     times.extend(acc[1:].tolist())
     return times[-1]
+
+
+#: a prompt with at least this many full chunks ahead has them stepped with numpy
+_VECTOR_CHUNKS = 8
+
+
+def full_chunks(model: StepModel, decodes: int, context: float, t: float, room: int, done: int, m: int,
+                until_ms: float | None) -> tuple[float, int]:
+    """``m`` steps from ``t`` in which one prompt (``done`` of its tokens prefilled) takes the whole
+    ``room`` of the budget beside ``decodes`` decodes with ``context`` tokens, or fewer: up to the
+    first that ends at or after ``until_ms``. Returns (time reached, steps taken). The general
+    step of :func:`epp_client.engine.twin._run` elementwise (the contexts and prompt tokens are
+    whole numbers, exact in a float; the time is accumulated left to right), to the last bit."""
+    j = np.arange(m, dtype=np.float64)
+    pairs = 0.0 + room * ((done + room * j) + room / 2.0)
+    ms = (model.fixed_ms + model.per_token_ms * (decodes + room) + model.per_context_token_ms * (context + decodes * j)
+          + (model.decode_ms if decodes else 0.0) + model.per_prefill_pair_ms * pairs)
+    acc = np.empty(m + 1)
+    acc[0] = t
+    np.divide(np.maximum(ms, 0.1), model.speed, out=acc[1:])
+    np.cumsum(acc, out=acc)
+    if until_ms is not None:
+        k = int(np.searchsorted(acc[1:], until_ms, "left"))
+        m = min(m, k + 1)
+    return float(acc[m]), m

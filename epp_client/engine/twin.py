@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.stretch import DecodeCache, _decode_steps
+from epp_client.engine.stretch import _VECTOR_CHUNKS, DecodeCache, _decode_steps, full_chunks
 from epp_client.types import Endpoint, InferenceRequest
 
 
@@ -156,7 +156,21 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
             steps += k
             context += k * decodes
             break
-        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
+        room = budget - decodes
+        if head < n_queue and room > 0 and (fork is not None or queue[head] != new_i):
+            i = queue[head]
+            m = min((left[i] - 1) // room, max_steps - steps)  # its full chunks but the last: none for others
+            if m >= _VECTOR_CHUNKS:
+                t, k = full_chunks(model, decodes, context, t, room, done[i], m,
+                                   until_ms if new_i < 0 else None)
+                left[i] -= k * room
+                done[i] += k * room
+                steps += k
+                context += k * decodes
+                if new_i < 0 and until_ms is not None and t >= until_ms:
+                    break
+                continue
+        tokens, pairs, ready = decodes, 0.0, []
         j = head
         chunks: list[tuple[int, int]] | None = [] if new_i >= 0 and fork is None else None   # until the fork
         while j < n_queue and room > 0:
