@@ -91,7 +91,7 @@ class DecodeCache:
 
 
 #: a decode-only stretch at least this many steps long is stepped with numpy
-_VECTOR_STEPS = 24
+_VECTOR_STEPS = 96
 
 
 def _stepped(times: list[float], base: float, per_context: float, decode_ms: float, zero: float, speed: float,
