@@ -302,6 +302,12 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
         model.decode_ms
     per_pair, speed = model.per_prefill_pair_ms, model.speed
     t, steps = 0.0, 0
+    m = (left - 1) // room    # its full chunks but the last
+    if m >= _VECTOR_CHUNKS:
+        t, steps = full_chunks(model, decodes, context, t, room, done, m, None)
+        left -= m * room
+        done += m * room
+        context += m * decodes
     while left > 0:     # the request's prefill chunks, as :func:`_run` steps them
         n = left if left < room else room
         pairs = 0.0 + n * (done + n / 2.0)
