@@ -288,16 +288,17 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
     order without the general loop's bookkeeping. The request is alone in the queue, so the run
     without it parts at the start (time 0) and is one decode-only stretch; nobody else gets a
     first token, so the harm reads each request's decode time and tokens only."""
-    decode_col, token_col, slo_col, context_col, prefill_col, _ = zip(*running)
     decodes = len(running)
     room = budget - decodes
-    if room <= 0 or min(token_col) < 1 or max(prefill_col) > 0 or min(context_col) < 0:
-        return None
     left, done = uncached, max(prompt_tokens, uncached) - uncached
-    if -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
+    if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
         return None
-    context = float(sum(context_col))
-    ctx0 = context
+    whole = 0
+    for _, tokens, _, c, prefill, _ in running:
+        if prefill > 0 or tokens < 1 or not c >= 0:
+            return None
+        whole += c
+    context = ctx0 = float(whole)
     fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
         model.decode_ms
     per_pair, speed = model.per_prefill_pair_ms, model.speed
@@ -323,14 +324,12 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
     steps += k
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, decode_cache)
-    harm = 0
-    for d, tokens, slo in zip(decode_col, token_col, slo_col):
+    harm = 0    # every k below is at least 1: tokens >= 1, and both runs took a step
+    for d, tokens, slo, _, _, _ in running:
         if slo > 0:
-            k = tokens - 1 + steps
-            if k >= 1 and (d + t) / k > slo:
+            if (d + t) / (tokens - 1 + steps) > slo:
                 harm += 1
-            k = tokens - 1 + steps0
-            if k >= 1 and (d + t0) / k > slo:
+            if (d + t0) / (tokens - 1 + steps0) > slo:
                 harm -= 1
     return Outcome(harm if harm > 0 else 0, tf, tpot)
 
