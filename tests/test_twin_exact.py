@@ -1,6 +1,7 @@
-"""The engine twin's fast paths (decode-only stretches stepped in a tight loop, the run without the
-request read from a :class:`DecodeCache`, the two SLO counts in one pass, the producer's view built
-in one pass) give the outcome of the plain replay to the last bit: ``ref_placement`` below is the
+"""The engine twin's fast paths (the placement where every running request decodes, decode-only
+stretches stepped in a tight loop or with numpy, a long prompt's full chunks stepped with numpy, the
+run without the request read from a :class:`DecodeCache`, the two SLO counts in one pass, the
+producer's view built in one pass) give the outcome of the plain replay to the last bit: ``ref_placement`` below is the
 plain replay (every step through the general loop, the counts in two passes), kept here as the
 reference the twin is held to (its state and SLO count, unchanged, are the twin's own)."""
 from __future__ import annotations
