@@ -16,7 +16,11 @@ of the endpoint (the requests it dispatched there and has not seen finish):
 :func:`placement` runs it twice, with the request appended to the queue until its first token
 plus ``probe`` decode steps, and without it to the same moment; the harm is how many more
 requests are over their TPOT SLO then (TPOT so far: decode time over tokens after the first).
-Pure functions over tuples, no clock, no I/O.
+Where every running request decodes (the common state) the request is alone in the queue and
+:func:`placement` steps it without the general loop; stretches of like steps (decode-only steps, a
+long prompt's full chunks) are stepped by :mod:`epp_client.engine.stretch`. All of it gives the plain
+replay's outcome to the last bit (tests/test_twin_exact.py). Pure functions over tuples, no clock,
+no I/O.
 """
 from __future__ import annotations
 
