@@ -253,6 +253,7 @@ DECLARATIONS_ONLY = {
 #: modules tested in a file named for a wider subject: {module: the test file that covers it}
 COVERED_BY = {
     "epp_client.engine.twin": "test_twin.py",
+    "epp_client.engine.stretch": "test_twin_exact.py",   # held to the plain replay
     "training_server.__main__": "test_training_durability.py",
     "prediction_server.__main__": "test_prediction_process.py",
     "training_server.evaluate": "test_quality_evaluate.py",

@@ -1,6 +1,7 @@
-"""The engine twin's fast paths (decode-only stretches stepped in a tight loop, the run without the
-request read from a :class:`DecodeCache`, the two SLO counts in one pass, the producer's view built
-in one pass) give the outcome of the plain replay to the last bit: ``ref_placement`` below is the
+"""The engine twin's fast paths (the placement where every running request decodes, decode-only
+stretches stepped in a tight loop or with numpy, a long prompt's full chunks stepped with numpy, the
+run without the request read from a :class:`DecodeCache`, the two SLO counts in one pass, the
+producer's view built in one pass) give the outcome of the plain replay to the last bit: ``ref_placement`` below is the
 plain replay (every step through the general loop, the counts in two passes), kept here as the
 reference the twin is held to (its state and SLO count, unchanged, are the twin's own)."""
 from __future__ import annotations
@@ -210,3 +211,89 @@ def test_the_producers_view_of_an_endpoint_is_the_plain_loops():
         got = running_on("a", now, queue, contexts, first)
         assert got == want and repr(got) == repr(want)
         assert all(type(r) is Running for r in got)
+
+
+def test_the_all_decoding_fast_path_equals_the_plain_replay_as_the_endpoint_state_changes_between_decisions():
+    """An endpoint's running requests evolve between decisions (tokens and decode time advance,
+    requests finish, new ones are dispatched and get their first token), the DecodeCache kept
+    across them: every outcome is the plain replay's, and most come from the fast path."""
+    from epp_client.engine.twin import _all_decoding
+
+    rng = random.Random(4)
+    fast = total = 0
+    for _ in range(60):
+        model, budget = rng.choice(MODELS), rng.choice((64, 512, 2_048))
+        cache = DecodeCache(size=rng.choice((2, 1024)))
+        probe, max_steps = rng.randint(1, 6), rng.choice((4_000, 4_000, 12))
+        running = [Running(rng.uniform(0, 3_000), rng.randint(1, 300), rng.choice((0.0, 20.0, 50.0)),
+                           rng.randint(10, 30_000)) for _ in range(rng.randint(1, 24))]
+        for _ in range(25):
+            state = tuple(running)
+            for _ in range(rng.randint(1, 3)):
+                prompt = rng.randint(1, 9_000)
+                cached = rng.choice((0, rng.randint(0, prompt), prompt))
+                want = ref_placement(model, budget, state, prompt, cached, probe, max_steps)
+                got = placement(model, budget, state, prompt, cached, probe, max_steps, cache)
+                assert got == want and repr(got) == repr(want)
+                total += 1
+                fast += bool(state) and _all_decoding(model, budget, state, prompt, max(1, prompt - cached), probe,
+                                                      max_steps, None) is not None
+            dt, steps = rng.choice((0.0, rng.uniform(0.0, 200.0))), rng.randint(0, 20)
+            running = [r._replace(decode_ms=r.decode_ms + dt, tokens=r.tokens + steps, context=r.context + steps)
+                       if r.tokens >= 1 else r for r in running]
+            if running and rng.random() < 0.3:
+                running.pop(rng.randrange(len(running)))
+            if rng.random() < 0.3:
+                running.append(Running(0.0, 1, rng.choice((0.0, 50.0)), rng.randint(10, 9_000)))
+            if rng.random() < 0.1:     # a dispatched request still prefilling: the general path
+                running.append(Running(0.0, 0, 50.0, 9_000, rng.randint(1, 9_000), rng.uniform(0.0, 100.0)))
+            if rng.random() < 0.15:
+                running = [r for r in running if r.tokens >= 1]
+    assert fast > total // 2 and fast < total     # both paths were compared
+
+
+def test_long_decode_only_stretches_stepped_with_numpy_end_where_the_replay_does_to_the_last_bit():
+    """Stretches of hundreds of steps (numpy steps those, elementwise), read to several ends from
+    one cache and extended past what it holds, against the plain replay: the same time, steps and
+    context; the numpy stepping ran (stretches longer than its threshold)."""
+    from epp_client.engine.stretch import _VECTOR_STEPS
+    from epp_client.engine.twin import _run, _start
+
+    rng = random.Random(9)
+    cache = DecodeCache(size=16)
+    longest = 0
+    for _ in range(80):
+        model = rng.choice(MODELS)
+        running = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), 50.0, rng.randint(10, 90_000))
+                        for _ in range(rng.randint(1, 64)))
+        for _ in range(3):
+            until, max_steps = rng.uniform(1.0, 40_000.0), rng.choice((4_000, 4_000, 300, 7))
+            ref = _ref_start(model, 2_048, running)
+            _ref_run(model, 2_048, ref, until_ms=until, max_steps=max_steps)
+            st = _start(model, 2_048, running)
+            _run(model, 2_048, st, until_ms=until, max_steps=max_steps, decode_cache=cache)
+            assert (st.t, st.steps, st.context) == (ref.t, ref.steps, ref.context)
+            longest = max(longest, ref.steps)
+    assert longest > 10 * _VECTOR_STEPS
+
+
+def test_runs_through_long_prompts_to_a_time_end_where_the_replay_does_to_the_last_bit():
+    """Runs without a request to place through queues of long prompts (their full chunks stepped
+    with numpy), to a time or until nothing is left to prefill: the same state as the plain replay."""
+    from epp_client.engine.stretch import _VECTOR_CHUNKS
+    from epp_client.engine.twin import _run, _start
+
+    rng = random.Random(12)
+    most = 0
+    for _ in range(300):
+        model, budget = rng.choice(MODELS), rng.choice((256, 2_048))
+        running = _random_running(rng)
+        until, max_steps = rng.choice((None, rng.uniform(1.0, 30_000.0))), rng.choice((4_000, 4_000, 9))
+        ref = _ref_start(model, budget, running)
+        _ref_run(model, budget, ref, until_ms=until, max_steps=max_steps)
+        st = _start(model, budget, running)
+        _run(model, budget, st, until_ms=until, max_steps=max_steps, decode_cache=DecodeCache())
+        assert (st.t, st.steps, st.context, st.head, st.left, st.done, st.firsts) == \
+            (ref.t, ref.steps, ref.context, ref.head, ref.left, ref.done, ref.firsts)
+        most = max(most, max((n // budget for n in ref.done), default=0))
+    assert most > 4 * _VECTOR_CHUNKS     # prompts long enough for the numpy stepping

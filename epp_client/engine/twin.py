@@ -16,15 +16,19 @@ of the endpoint (the requests it dispatched there and has not seen finish):
 :func:`placement` runs it twice, with the request appended to the queue until its first token
 plus ``probe`` decode steps, and without it to the same moment; the harm is how many more
 requests are over their TPOT SLO then (TPOT so far: decode time over tokens after the first).
-Pure functions over tuples, no clock, no I/O.
+Where every running request decodes (the common state) the request is alone in the queue and
+:func:`placement` steps it without the general loop; stretches of like steps (decode-only steps, a
+long prompt's full chunks) are stepped by :mod:`epp_client.engine.stretch`. All of it gives the plain
+replay's outcome to the last bit (tests/test_twin_exact.py). Pure functions over tuples, no clock,
+no I/O.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
+from epp_client.engine.stretch import _VECTOR_CHUNKS, DecodeCache, _decode_steps, full_chunks
 from epp_client.types import Endpoint, InferenceRequest
 
 
@@ -133,71 +137,6 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
     return _State(left, done, queue, decodes, ctx)
 
 
-def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float | None,
-                  cache: DecodeCache | None) -> tuple[float, int]:
-    """``n`` decode-only steps of ``decodes`` requests with ``context`` tokens from ``t``, or fewer:
-    up to the first that ends at or after ``until_ms``. Returns (time reached, steps taken). The
-    same arithmetic in the same order as a step of :func:`_run` with nothing to prefill (the time
-    to the last bit); with ``cache``, the times of a stretch already stepped are read from it."""
-    if n <= 0:
-        return t, 0
-    if cache is not None and until_ms is not None:
-        times = cache.times(model, decodes, context, t, n, until_ms)
-        hi = min(n, len(times))
-        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
-        return times[k], k + 1
-    base = model.fixed_ms + model.per_token_ms * decodes
-    per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
-    zero = model.per_prefill_pair_ms * 0.0
-    k = 0
-    while k < n:
-        ms = base + per_context * context + decode_ms + zero
-        t += (ms if ms > 0.1 else 0.1) / speed
-        context += decodes
-        k += 1
-        if until_ms is not None and t >= until_ms:
-            break
-    return t, k
-
-
-class DecodeCache:
-    """The times of decode-only stretches already stepped, per start (step model, decodes,
-    context, time): while an endpoint's running requests do not change, every decision's run
-    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
-
-    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
-        """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them."""
-        key = (id(model), decodes, context, t)
-        entry = self._runs.get(key)
-        if entry is None or entry[0] is not model:
-            if len(self._runs) >= self.size:
-                self._runs.clear()
-            entry = (model, [])
-            self._runs[key] = entry
-        times = entry[1]
-        if len(times) < n and (not times or times[-1] < until_ms):
-            base = model.fixed_ms + model.per_token_ms * decodes
-            per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
-            zero = model.per_prefill_pair_ms * 0.0
-            k = len(times)
-            c = context + k * decodes
-            u = times[-1] if times else t
-            while k < n:
-                ms = base + per_context * c + decode_ms + zero
-                u += (ms if ms > 0.1 else 0.1) / speed
-                times.append(u)
-                c += decodes
-                k += 1
-                if u >= until_ms:
-                    break
-        return times
-
-
 def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
          max_steps: int = 4000, decode_cache: DecodeCache | None = None) -> _State | None:
     """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
@@ -221,7 +160,21 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
             steps += k
             context += k * decodes
             break
-        room, tokens, pairs, ready = budget - decodes, decodes, 0.0, []
+        room = budget - decodes
+        if head < n_queue and room > 0 and (fork is not None or queue[head] != new_i):
+            i = queue[head]
+            m = min((left[i] - 1) // room, max_steps - steps)  # its full chunks but the last: none for others
+            if m >= _VECTOR_CHUNKS:
+                t, k = full_chunks(model, decodes, context, t, room, done[i], m,
+                                   until_ms if new_i < 0 else None)
+                left[i] -= k * room
+                done[i] += k * room
+                steps += k
+                context += k * decodes
+                if new_i < 0 and until_ms is not None and t >= until_ms:
+                    break
+                continue
+        tokens, pairs, ready = decodes, 0.0, []
         j = head
         chunks: list[tuple[int, int]] | None = [] if new_i >= 0 and fork is None else None   # until the fork
         while j < n_queue and room > 0:
@@ -313,6 +266,10 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
     with it up to the step in which its prefill starts, so it resumes from there (its decode-only
     stretch read from ``decode_cache`` when given: the same outcome, to the last bit)."""
     uncached = max(1, prompt_tokens - cached_tokens)
+    if running:
+        fast = _all_decoding(model, budget, running, prompt_tokens, uncached, probe, max_steps, decode_cache)
+        if fast is not None:
+            return fast
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
     st = _start(model, budget, (*running, new))
     i = len(running)
@@ -326,6 +283,59 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
         return Outcome(0, tf, tpot)
     _run(model, budget, fork, until_ms=t, max_steps=max_steps, decode_cache=decode_cache)
     return Outcome(_harm(running, firsts, t, steps, fork.firsts, fork.t, fork.steps), tf, tpot)
+
+
+def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, uncached: int,
+                  probe: int, max_steps: int, decode_cache: DecodeCache | None) -> Outcome | None:
+    """:func:`placement` where every running request decodes (the common state), or None where
+    another is still prefilling or the run would reach ``max_steps``: the same steps in the same
+    order without the general loop's bookkeeping. The request is alone in the queue, so the run
+    without it parts at the start (time 0) and is one decode-only stretch; nobody else gets a
+    first token, so the harm reads each request's decode time and tokens only."""
+    decodes = len(running)
+    room = budget - decodes
+    left, done = uncached, max(prompt_tokens, uncached) - uncached
+    if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
+        return None
+    whole = 0
+    for _, tokens, _, c, prefill, _ in running:
+        if prefill > 0 or tokens < 1 or not c >= 0:
+            return None
+        whole += c
+    context = ctx0 = float(whole)
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    t, steps = 0.0, 0
+    m = (left - 1) // room    # its full chunks but the last
+    if m >= _VECTOR_CHUNKS:
+        t, steps = full_chunks(model, decodes, context, t, room, done, m, None)
+        left -= m * room
+        done += m * room
+        context += m * decodes
+    while left > 0:     # the request's prefill chunks, as :func:`_run` steps them
+        n = left if left < room else room
+        pairs = 0.0 + n * (done + n / 2.0)
+        left -= n
+        done += n
+        ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
+        t += max(ms, 0.1) / speed
+        steps += 1
+        context += decodes
+    tf, sf = t, steps
+    context += done + 1
+    t, k = _decode_steps(model, decodes + 1, context, t, min(probe, max_steps - steps), None, decode_cache)
+    steps += k
+    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
+    t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, decode_cache)
+    harm = 0    # every k below is at least 1: tokens >= 1, and both runs took a step
+    for d, tokens, slo, _, _, _ in running:
+        if slo > 0:
+            if (d + t) / (tokens - 1 + steps) > slo:
+                harm += 1
+            if (d + t0) / (tokens - 1 + steps0) > slo:
+                harm -= 1
+    return Outcome(harm if harm > 0 else 0, tf, tpot)
 
 
 class TwinEngine:

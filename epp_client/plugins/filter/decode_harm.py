@@ -75,8 +75,13 @@ SHED_SLO_UNREACHABLE = "shed-slo-unreachable"
 def lateness(request: InferenceRequest, o: Outcome) -> float:
     """How many times over its SLO the request is in the twin's outcome ``o``: the larger of its
     TTFT over what is left of its TTFT SLO and its TPOT over its TPOT SLO (0 without SLOs)."""
-    return max(o.ttft_ms / request.ttft_slo_ms if request.ttft_slo_ms > 0 else 0.0,
-               o.tpot_ms / request.tpot_slo_ms if request.tpot_slo_ms > 0 else 0.0)
+    return _lateness(request.ttft_slo_ms, request.tpot_slo_ms, o)
+
+
+def _lateness(ttft_slo_ms: float, tpot_slo_ms: float, o: Outcome) -> float:
+    """:func:`lateness` with the request's SLOs read once (they are parsed from its headers)."""
+    return max(o.ttft_ms / ttft_slo_ms if ttft_slo_ms > 0 else 0.0,
+               o.tpot_ms / tpot_slo_ms if tpot_slo_ms > 0 else 0.0)
 
 
 def _loads_an_adapter(target: str, e: Endpoint) -> bool:
@@ -154,13 +159,15 @@ class DecodeHarmCount(Plugin):
                ) -> dict[str, tuple[tuple[float, float, float], Outcome]]:
         """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
         prompt = max(0, int(request.input_tokens))
+        ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
+        placement = self.engine_model.placement
         out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
         for e in endpoints:
             if e.prediction is None:
                 continue
             cached = prompt - uncached_prompt_tokens(e, prompt)
-            o = self.engine_model.placement(request, e, prompt, cached)
-            late = lateness(request, o)
+            o = placement(request, e, prompt, cached)
+            late = _lateness(ttft_slo, tpot_slo, o)
             own = 0.0
             if self.own_miss and late > 1.0:
                 own = _FAR * late if 0 < self.max_lateness < late else 1.0
@@ -233,7 +240,8 @@ class DecodeHarmFilter(DecodeHarmCount):
         """None when some endpoint serves the request within its SLOs (in the twin). Otherwise
         raise :class:`ShedRequest` for a sheddable request with ``shedWhenHopeless``, or, with
         ``hopelessPlacement: least-late``, the endpoints where it is least late."""
-        late = {name: lateness(request, o) for name, (_, o) in assessed.items()}
+        ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
+        late = {name: _lateness(ttft_slo, tpot_slo, o) for name, (_, o) in assessed.items()}
         if min(late.values()) <= 1.0:
             return None
         self.hopeless += 1

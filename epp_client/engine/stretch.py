@@ -1,0 +1,133 @@
+"""The engine twin's stretches of like steps (:mod:`epp_client.engine.twin`): decode-only steps
+(every request running decodes, nothing is left to prefill), stepped in a tight loop, read from a
+:class:`DecodeCache` of stretches already stepped, and stepped with numpy when long; and the full
+chunks of one long prompt (:func:`full_chunks`). The same arithmetic in the same order as the
+twin's general step, to the last bit (tests/test_twin_exact.py).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from epp_client.engine.twin import StepModel
+
+
+def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float | None,
+                  cache: DecodeCache | None) -> tuple[float, int]:
+    """``n`` decode-only steps of ``decodes`` requests with ``context`` tokens from ``t``, or fewer:
+    up to the first that ends at or after ``until_ms``. Returns (time reached, steps taken). The
+    same arithmetic in the same order as a step of :func:`_run` with nothing to prefill (the time
+    to the last bit); with ``cache``, the times of a stretch already stepped are read from it."""
+    if n <= 0:
+        return t, 0
+    if cache is not None and until_ms is not None:
+        times = cache.times(model, decodes, context, t, n, until_ms)
+        hi = min(n, len(times))
+        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
+        return times[k], k + 1
+    base = model.fixed_ms + model.per_token_ms * decodes
+    per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
+    zero = model.per_prefill_pair_ms * 0.0
+    k = 0
+    while k < n:
+        ms = base + per_context * context + decode_ms + zero
+        t += (ms if ms > 0.1 else 0.1) / speed
+        context += decodes
+        k += 1
+        if until_ms is not None and t >= until_ms:
+            break
+    return t, k
+
+
+class DecodeCache:
+    """The times of decode-only stretches already stepped, per start (step model, decodes,
+    context, time): while an endpoint's running requests do not change, every decision's run
+    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
+
+    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
+        """The times after each step of the stretch, at least up to the first at or after
+        ``until_ms`` or ``n`` of them."""
+        key = (id(model), decodes, context, t)
+        entry = self._runs.get(key)
+        if entry is None or entry[0] is not model:
+            if len(self._runs) >= self.size:
+                self._runs.clear()
+            entry = (model, [])
+            self._runs[key] = entry
+        times = entry[1]
+        if len(times) < n and (not times or times[-1] < until_ms):
+            base = model.fixed_ms + model.per_token_ms * decodes
+            per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
+            zero = model.per_prefill_pair_ms * 0.0
+            k = len(times)
+            c = context + k * decodes
+            u = times[-1] if times else t
+            while k < n:
+                ms = base + per_context * c + decode_ms + zero
+                step = (ms if ms > 0.1 else 0.1) / speed
+                left = (until_ms - u) / step   # more steps than this to until_ms: every step is as long or longer
+                if left >= _VECTOR_STEPS and per_context >= 0:
+                    m = n - k if left >= n - k else min(n - k, int(left) + 1)
+                    u = _stepped(times, base, per_context, decode_ms, zero, speed, c, decodes, u, m)
+                    c += m * decodes
+                    k += m
+                    if u >= until_ms:
+                        break
+                    continue
+                u += step
+                times.append(u)
+                c += decodes
+                k += 1
+                if u >= until_ms:
+                    break
+        return times
+
+
+#: a decode-only stretch at least this many steps long is stepped with numpy
+_VECTOR_STEPS = 96
+
+
+def _stepped(times: list[float], base: float, per_context: float, decode_ms: float, zero: float, speed: float,
+             context: float, decodes: int, t: float, m: int) -> float:
+    """``m`` decode-only steps from ``t`` appended to ``times`` (returns the last): the loop of
+    :meth:`DecodeCache.times` elementwise, the same operations in the same order (the contexts are
+    whole numbers, exact in a float; the time is accumulated left to right), to the last bit."""
+    ms = base + per_context * (context + decodes * np.arange(m, dtype=np.float64)) + decode_ms + zero
+    acc = np.empty(m + 1)
+    acc[0] = t
+    np.divide(np.where(ms > 0.1, ms, 0.1), speed, out=acc[1:])
+    np.cumsum(acc, out=acc)
+    times.extend(acc[1:].tolist())
+    return times[-1]
+
+
+#: a prompt with at least this many full chunks ahead has them stepped with numpy
+_VECTOR_CHUNKS = 8
+
+
+def full_chunks(model: StepModel, decodes: int, context: float, t: float, room: int, done: int, m: int,
+                until_ms: float | None) -> tuple[float, int]:
+    """``m`` steps from ``t`` in which one prompt (``done`` of its tokens prefilled) takes the whole
+    ``room`` of the budget beside ``decodes`` decodes with ``context`` tokens, or fewer: up to the
+    first that ends at or after ``until_ms``. Returns (time reached, steps taken). The general
+    step of :func:`epp_client.engine.twin._run` elementwise (the contexts and prompt tokens are
+    whole numbers, exact in a float; the time is accumulated left to right), to the last bit."""
+    j = np.arange(m, dtype=np.float64)
+    pairs = 0.0 + room * ((done + room * j) + room / 2.0)
+    ms = (model.fixed_ms + model.per_token_ms * (decodes + room) + model.per_context_token_ms * (context + decodes * j)
+          + (model.decode_ms if decodes else 0.0) + model.per_prefill_pair_ms * pairs)
+    acc = np.empty(m + 1)
+    acc[0] = t
+    np.divide(np.maximum(ms, 0.1), model.speed, out=acc[1:])
+    np.cumsum(acc, out=acc)
+    if until_ms is not None:
+        k = int(np.searchsorted(acc[1:], until_ms, "left"))
+        m = min(m, k + 1)
+    return float(acc[m]), m
