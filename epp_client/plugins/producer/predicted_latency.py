@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
+from functools import partial
 from typing import Any
 
 from epp_client.engine.twin import Running
@@ -100,7 +101,8 @@ class PredictedLatencyProducer(Plugin):
         ctx.ttft_slo = request.ttft_slo_ms
         ctx.tpot_slo = request.tpot_slo_ms
         rows = feature_rows(ctx, endpoints, use_encoder_cache_features=self.use_encoder_cache_features,
-                            endpoint_role_label=self.endpoint_role_label)
+                            endpoint_role_label=self.endpoint_role_label,
+                            queue=partial(self.decoding, now=now) if self.streaming_mode else None)
         ctx.rows = {e.name: row for e, row in zip(endpoints, rows)}
         return ctx, rows
 
