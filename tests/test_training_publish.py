@@ -437,7 +437,7 @@ def test_e2e_data_whose_ttft_is_answered_by_the_base_alone_is_published(tmp_path
     wait = rng.poisson(1 + 20 * np.linspace(0, 1, n))
     prompt = rng.integers(100, 4000, n)
     ttft = 40 + 0.2 * prompt + 150 * wait + rng.exponential(30, n)
-    base = np.zeros(11)
+    base = np.zeros(len(RAW_COLUMNS))
     entries = []
     for i in range(n):
         raw = base.copy()

@@ -329,8 +329,7 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     for target in TARGETS:
         y_all = targets_y[target]
         m = y_all > 0
-        n = int(m.sum())
-        n_train[target] = n
+        n_train[target] = n = int(m.sum())
         r, y = raw[m], y_all[m]
         names = known_features(r, target, names_all[target])   # no column no row carries
         names_used[target] = names
@@ -380,9 +379,8 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
     cfg = result.config
     manifest = build_manifest(
         version=version, created_at=result.created_at, feature_set=cfg.feature_set, model_kind=cfg.model_type,
-        objective=cfg.objective, quantile=cfg.quantile, mode=result.mode,
+        objective=cfg.objective, quantile=cfg.quantile, mode=result.mode, feature_names=result.feature_names,
         models={t: (f"{t}.{ext}", fmt) for t in result.models}, files=files, prior=result.prior,
-        feature_names=result.feature_names,
         base={t: b for t, b in result.base.items() if t in result.targets} if result.base else None,
         calibration={t: c for t, c in result.calibration.items() if t in result.targets},
         training={t: {"n_train": result.n_train.get(t, 0), **dict((training or {}).get(t, {}))} for t in TARGETS},
