@@ -99,9 +99,11 @@ FEATURES_V1: dict[str, tuple[str, ...]] = {
     ),
 }
 #: The router's queue fields (``features.schema.QUEUE_FIELDS``) as model columns, per target.
+#: TPOT takes the decode context alone: with the two prefill-queue columns as well its forward
+#: pinball on the simulator traces was 0.7-1.8% worse than without any (docs/forward-accuracy.md).
 QUEUE_FEATURES: dict[str, tuple[str, ...]] = {
     "ttft": ("prefill_requests_in_flight", "queue_head_wait_ms", "decode_context_tokens"),
-    "tpot": ("prefill_requests_in_flight", "queue_head_wait_ms", "decode_context_tokens"),
+    "tpot": ("decode_context_tokens",),
 }
 #: Model input columns per target, in order. Changing these bumps SCHEMA_VERSION. The trainer
 #: leaves out a queue column no training row carries (``known_features``).
