@@ -12,7 +12,8 @@ Keys (JSON)::
 
     version          "v000042-20261202T124500Z" (sortable; the ETag)
     created_at       RFC 3339
-    schema_version   int, features.schema.SCHEMA_VERSION at training time
+    schema_version   int, 1 for a model without a queue column (features.schema.QUEUE_FIELDS), else
+                     features.schema.SCHEMA_VERSION at training time
     features         features.matrix.schema_description()                   -> Features
     model_kind       "xgboost" | "lightgbm" | "prior"   (prior: no model files)
     objective        "quantile" | "mean"
@@ -52,7 +53,6 @@ import numpy as np
 
 from .bundle import BundleError, sha256_bytes, validate_manifest
 from .matrix import FEATURES_V1, TARGETS, schema_description
-from .schema import SCHEMA_VERSION
 
 R = TypeVar("R", bound="Record")
 
@@ -360,11 +360,12 @@ def build_manifest(*, version: str, model_kind: str, quantile: float, mode: str,
     feature set's). ``models``: target -> (file name, format), the file's bytes in
     ``files`` (size and sha256 come from them); ``metrics`` and ``extra`` (more top-level keys)
     are made strict JSON (NaN -> null); the result is validated."""
+    features = schema_description(feature_set, feature_names)
     obj: dict[str, Any] = {
         "version": version,
         "created_at": created_at or datetime.now(UTC).isoformat(),
-        "schema_version": SCHEMA_VERSION,
-        "features": schema_description(feature_set, feature_names),
+        "schema_version": features["schema_version"],
+        "features": features,
         "model_kind": model_kind,
         "objective": objective,
         "quantile": quantile,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schema import COL, RAW_COLUMNS, SCHEMA_VERSION, parse_row
+from .schema import COL, RAW_COLUMNS, RAW_COLUMNS_V1, SCHEMA_VERSION, parse_row
 
 TARGETS = ("ttft", "tpot")
 
@@ -171,11 +171,14 @@ def schema_description(feature_set: str = "default", names: Mapping[str, Sequenc
     """What a bundle records about the features it was trained with (``names``: the columns
     used per target, default the feature set's)."""
     sets = FEATURE_SETS[feature_set]
+    features = {t: list((names or {}).get(t) or sets[t]) for t in TARGETS}
+    # a model without a queue column is a schema-1 model: servers of either schema serve it
+    v1 = not any(set(features[t]) & set(QUEUE_FEATURES[t]) for t in TARGETS)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": 1 if v1 else SCHEMA_VERSION,
         "feature_set": feature_set,
-        "raw_columns": list(RAW_COLUMNS),
-        "features": {t: list((names or {}).get(t) or sets[t]) for t in TARGETS},
+        "raw_columns": list(RAW_COLUMNS_V1 if v1 else RAW_COLUMNS),
+        "features": features,
     }
 
 

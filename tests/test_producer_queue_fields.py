@@ -134,26 +134,28 @@ def test_a_model_trained_with_them_uses_them_and_one_trained_without_has_no_colu
     assert all(np.isfinite(y).all() and (y > 0).all() for y in blind)
 
 
-def test_a_schema_1_bundle_loads_and_answers_as_before(tmp_path):
+def test_a_model_without_queue_columns_is_a_schema_1_bundle_and_schema_1_bundles_load(tmp_path):
+    """Rows from a router that sends no queue field train a bundle exactly as schema 1 wrote it
+    (servers of either schema serve it); it answers rows with or without the fields alike. A
+    model with queue columns is schema 2."""
     raw, ttft, tpot = _queue_data(600)
-    result = train_models(_unknown(raw), ttft, tpot, config=TrainConfig(params={"n_estimators": 20}))
-    manifest, files = trainer.build_bundle(result, "v000001-20261201T000000Z")
-    today = LoadedBundle.from_files(manifest, files)
+    cfg = TrainConfig(params={"n_estimators": 20})
+    manifest, files = trainer.build_bundle(train_models(_unknown(raw), ttft, tpot, config=cfg),
+                                           "v000001-20261201T000000Z")
     old = manifest.to_json()
-    old["schema_version"] = 1
-    old["features"] = {**old["features"], "schema_version": 1, "raw_columns": list(RAW_COLUMNS_V1)}
+    assert old["schema_version"] == 1 and old["features"]["raw_columns"] == list(RAW_COLUMNS_V1)
+    assert old["features"]["features"] == {t: list(FEATURES_V1[t]) for t in FEATURES_V1}
     loaded = LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, old, files)))
-    for rows in (raw[:50], _unknown(raw[:50])):
-        for a, b in zip(loaded.predict(rows), today.predict(rows)):
-            np.testing.assert_array_equal(a, b)
-    without_names = dict(old, features=None)               # schema 1 without feature names: its own columns
-    assert LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path / "n", without_names, files))).manifest \
+    for a, b in zip(loaded.predict(raw[:50]), loaded.predict(_unknown(raw[:50]))):
+        np.testing.assert_array_equal(a, b)
+        assert (a > 0).all()
+    without_names = dict(old, version="v000002-20261201T000000Z", features=None)   # schema 1's own columns
+    assert LoadedBundle.from_files(*read_bundle(write_bundle(tmp_path, without_names, files))).manifest \
         .feature_names("ttft") == FEATURES_V1["ttft"]
-    bad = dict(old, features={**old["features"], "raw_columns": list(RAW_COLUMNS)})
-    with pytest.raises(BundleError, match="raw_columns"):
-        validate_manifest(bad)
-    assert set(QUEUE_FEATURES["ttft"]) <= set(FEATURES["ttft"]) and not set(QUEUE_FEATURES["ttft"]) & set(
-        FEATURES_V1["ttft"])
+    with pytest.raises(BundleError, match="raw_columns"):   # schema 1 naming today's columns: inconsistent
+        validate_manifest(dict(old, features={**old["features"], "raw_columns": list(RAW_COLUMNS)}))
+    new, _ = trainer.build_bundle(train_models(raw, ttft, tpot, config=cfg), "v000003-20261201T000000Z")
+    assert new.schema_version == 2 and set(QUEUE_FEATURES["ttft"]) <= set(new.feature_names("ttft") or ())
 
 
 def test_a_schema_1_store_gains_the_columns_and_its_rows_read_back_unknown(tmp_path):
