@@ -100,7 +100,7 @@ FEATURES_V1: dict[str, tuple[str, ...]] = {
 }
 #: The router's queue fields (``features.schema.QUEUE_FIELDS``) as model columns, per target.
 #: TPOT takes the decode context alone: with the two prefill-queue columns as well its forward
-#: pinball on the simulator traces was 0.7-1.8% worse than without any (docs/forward-accuracy.md).
+#: pinball on sim-sessions and sim-ramp was 0.7-1.8% worse than without any queue column.
 QUEUE_FEATURES: dict[str, tuple[str, ...]] = {
     "ttft": ("prefill_requests_in_flight", "queue_head_wait_ms", "decode_context_tokens"),
     "tpot": ("decode_context_tokens",),
