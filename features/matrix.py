@@ -136,8 +136,8 @@ def monotone_constraints(target: str, names: Sequence[str] | None = None) -> tup
 
 def known_features(raw: np.ndarray, target: str, names: Sequence[str] | None = None) -> tuple[str, ...]:
     """``names`` (default ``FEATURES[target]``) without the columns that are unknown (NaN) in
-    every row of ``raw``: a model trained on rows without the queue fields has the columns
-    of one trained before they existed."""
+    every row of ``raw``: a model trained on rows without the queue fields has schema 1's
+    columns (``FEATURES_V1``)."""
     names = tuple(names or FEATURES[target])
     if not len(raw):
         return names
