@@ -60,6 +60,24 @@ def test_the_requests_own_miss_counts_one_and_far_past_its_slo_it_is_a_last_reso
         _request(ttft_slo=200), [queued, idle]) == {"a": 0, "b": 0}
 
 
+def test_past_max_ttft_an_endpoint_is_a_last_resort_whatever_the_slo():
+    """A prompt is not queued where its first token would come after its client has left: past
+    ``maxTtftMs`` the own miss counts 1,000 times the TTFT over the bound, SLO or not."""
+    queued = _endpoint("a", [Running(0.0, 0, 0.0, 20_480, 20_480)])     # twin TTFT 375.79 ms there
+    deeper = _endpoint("c", [Running(0.0, 0, 0.0, 40_960, 40_960)])
+    idle = _endpoint("b", [])
+    plain = DecodeHarmFilter.from_config(FLAT)
+    capped = DecodeHarmFilter.from_config({**FLAT, "maxTtftMs": 300})
+    assert plain.scores(_request(), [queued, idle]) == {"a": 0, "b": 0}          # no SLO: no own miss
+    assert capped.scores(_request(), [queued, idle]) == {"a": pytest.approx(1_000 * 375.79 / 300), "b": 0}
+    assert [e.name for e in capped.filter(_request(), [queued, idle])] == ["b"]
+    # with an SLO it is missed anyway, it counts the larger of the two
+    assert capped.scores(_request(ttft_slo=200), [queued])["a"] == pytest.approx(1_000 * 375.79 / 300)
+    # over the bound everywhere: the soonest first token
+    assert [e.name for e in capped.filter(_request(), [deeper, queued])] == ["a"]
+    assert capped.scores(_request(), [idle, queued, deeper])["b"] == 0 < capped.scores(_request(), [queued])["a"]
+
+
 def test_an_adapter_load_counts_where_the_pool_serves_adapters():
     def lora_endpoint(name, active, max_lora=2):
         e = _endpoint(name, [])

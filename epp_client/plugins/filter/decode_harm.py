@@ -16,7 +16,8 @@ token plus ``probeSteps`` decode steps, and without it to the same moment. The c
   the probe steps over its TPOT SLO (``countOwnMiss``); with ``maxLateness`` set, 1,000 times its
   lateness where it would be more than that many times over its SLO (bounds the wait of prompts
   too large for any endpoint's SLO, which the count otherwise isolates on one endpoint under
-  overload);
+  overload); with ``maxTtftMs`` set, 1,000 times its TTFT over that bound where the twin's TTFT is
+  over it (a prompt queued where its client gives up before its first token);
 - plus ``adapterLoadCount`` (2) when ``e`` serves LoRA adapters and the request's is not active
   there (the twin knows nothing of adapter slots: without it the filter thrashes adapters,
   ``multi-lora`` at 80% 45% against 64%), plus 1 when ``e``'s scraped KV cache use is over
@@ -109,6 +110,13 @@ class DecodeHarmCount(Plugin):
                                     "least late of them (0: never; bounds the wait of requests too large for "
                                     "any endpoint's SLO, at a cost under overload)")
 
+    max_ttft_ms: float = param("maxTtftMs", default=0.0, check=ge(0.0),
+                               doc="where the twin's TTFT is over this many ms, the request's own miss counts "
+                                   "1,000 times its TTFT over the bound: such an endpoint only when all are, the "
+                                   "soonest of them (0: never; set it below the client's or gateway's first-byte "
+                                   "timeout, so a prompt is not queued where its client leaves before its first "
+                                   "token)")
+
     adapter_load_count: float = param("adapterLoadCount", default=2.0, check=ge(0.0),
                                       doc="added where the request's LoRA adapter is not active on an endpoint "
                                           "that serves adapters (0: never)")
@@ -171,6 +179,8 @@ class DecodeHarmCount(Plugin):
             own = 0.0
             if self.own_miss and late > 1.0:
                 own = _FAR * late if 0 < self.max_lateness < late else 1.0
+            if 0 < self.max_ttft_ms < o.ttft_ms:
+                own = max(own, _FAR * o.ttft_ms / self.max_ttft_ms)
             load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
             full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
             out[e.name] = ((float(o.harm), own, load + int(full)), o)
