@@ -78,6 +78,30 @@ def test_past_max_ttft_an_endpoint_is_a_last_resort_whatever_the_slo():
     assert capped.scores(_request(), [idle, queued, deeper])["b"] == 0 < capped.scores(_request(), [queued])["a"]
 
 
+def test_over_max_ttft_shed_places_by_the_count_and_refuses_what_would_wait_past_the_bound():
+    queued = _endpoint("a", [Running(0.0, 0, 0.0, 20_480, 20_480)])     # twin TTFT 375.79 ms there
+    deeper = _endpoint("c", [Running(0.0, 0, 0.0, 40_960, 40_960)])
+    idle = _endpoint("b", [])
+    # the harm first: "busy" harms nobody but its queue is past the bound; "harmed" has a decode to slow
+    busy = _endpoint("busy", [Running(0.0, 0, 0.0, 20_480, 20_480)])
+    harmed = _endpoint("harmed", [Running(1_000.0, 101, 10.2, 3_000)])
+    shed = DecodeHarmFilter.from_config({**FLAT, "maxTtftMs": 300, "overMaxTtft": "shed"})
+    plain = DecodeHarmFilter.from_config(FLAT)
+    req = _request(tpot_slo=20)
+    assert shed.scores(req, [busy, harmed]) == plain.scores(req, [busy, harmed]) == {"busy": 0, "harmed": 1}
+    with pytest.raises(ShedRequest) as refused:      # any priority: this one is 0
+        shed.filter(req, [busy, harmed])
+    assert refused.value.reason == "shed-ttft-over-bound" and shed.shed == 1 and req.priority == 0
+    # the avoiding mode places it on the harmed endpoint instead
+    avoid = DecodeHarmFilter.from_config({**FLAT, "maxTtftMs": 300})
+    assert [e.name for e in avoid.filter(req, [busy, harmed])] == ["harmed"]
+    # an endpoint kept within the bound: placed, not refused
+    assert [e.name for e in shed.filter(_request(), [queued, idle])] == ["a", "b"] and shed.shed == 1
+    with pytest.raises(ShedRequest):
+        shed.filter(_request(), [queued, deeper])
+    assert shed.shed == 2
+
+
 def test_an_adapter_load_counts_where_the_pool_serves_adapters():
     def lora_endpoint(name, active, max_lora=2):
         e = _endpoint(name, [])

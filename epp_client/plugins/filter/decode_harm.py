@@ -17,7 +17,9 @@ token plus ``probeSteps`` decode steps, and without it to the same moment. The c
   lateness where it would be more than that many times over its SLO (bounds the wait of prompts
   too large for any endpoint's SLO, which the count otherwise isolates on one endpoint under
   overload); with ``maxTtftMs`` set, 1,000 times its TTFT over that bound where the twin's TTFT is
-  over it (a prompt queued where its client gives up before its first token);
+  over it (a prompt queued where its client gives up before its first token); with the filter's
+  ``overMaxTtft: shed`` that term is left out and a request whose twin TTFT is over the bound on
+  every endpoint kept is refused instead (429 ``shed-ttft-over-bound``, whatever its priority);
 - plus ``adapterLoadCount`` (2) when ``e`` serves LoRA adapters and the request's is not active
   there (the twin knows nothing of adapter slots: without it the filter thrashes adapters,
   ``multi-lora`` at 80% 45% against 64%), plus 1 when ``e``'s scraped KV cache use is over
@@ -71,6 +73,8 @@ _FAR = 1000.0   # the own miss's weight per unit of lateness past maxLateness
 _MIN_HOLD_MS = 1.0   # a hold shorter than this is no hold: the request is placed
 #: the reason of a request refused with shedWhenHopeless
 SHED_SLO_UNREACHABLE = "shed-slo-unreachable"
+#: the reason of a request refused with overMaxTtft: shed
+SHED_TTFT_OVER_BOUND = "shed-ttft-over-bound"
 
 
 def lateness(request: InferenceRequest, o: Outcome) -> float:
@@ -147,6 +151,9 @@ class DecodeHarmCount(Plugin):
     max_steps: int = param("maxSteps", default=4000, check=gt(0),
                            doc="engine steps the twin runs per candidate at most (bounds the work per decision)")
 
+    #: the count makes an endpoint past maxTtftMs a last resort (the filter's ``overMaxTtft: shed`` does not)
+    avoids_past_max_ttft = True
+
     def setup(self) -> None:
         self.step_model = StepModel(self.step_fixed_ms, self.step_per_token_ms, self.step_per_context_token_ms,
                                     self.step_decode_ms, self.step_per_prefill_pair_ms, self.engine_speed)
@@ -179,7 +186,7 @@ class DecodeHarmCount(Plugin):
             own = 0.0
             if self.own_miss and late > 1.0:
                 own = _FAR * late if 0 < self.max_lateness < late else 1.0
-            if 0 < self.max_ttft_ms < o.ttft_ms:
+            if 0 < self.max_ttft_ms < o.ttft_ms and self.avoids_past_max_ttft:
                 own = max(own, _FAR * o.ttft_ms / self.max_ttft_ms)
             load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
             full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
@@ -219,15 +226,22 @@ class DecodeHarmFilter(DecodeHarmCount):
                                      doc="refuse a sheddable request (priority < 0) late on every endpoint: 429 "
                                          "shed-slo-unreachable")
 
+    over_max_ttft: str = param("overMaxTtft", default="avoid", check=one_of("avoid", "shed"),
+                               doc="with maxTtftMs: avoid counts an endpoint past it as a last resort; shed places "
+                                   "by the count alone and refuses the request (429 shed-ttft-over-bound, any "
+                                   "priority) when every endpoint kept is past it")
+
     def setup(self) -> None:
         super().setup()
+        self.avoids_past_max_ttft = self.over_max_ttft == "avoid"
         self.filtered = 0   # requests for which some candidate was dropped
         self.holds = 0      # scheduling attempts answered with a hold
         self.hopeless = 0   # scheduling attempts of a request late on every endpoint (shed ones included)
-        self.shed = 0       # requests refused: sheddable and late on every endpoint (shedWhenHopeless)
+        self.shed = 0       # requests refused: sheddable and late everywhere, or past maxTtftMs (overMaxTtft: shed)
 
     def filter(self, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        if len(endpoints) <= 1 and self.hold_slack_ms <= 0 and not self.shed_when_hopeless:
+        if len(endpoints) <= 1 and self.hold_slack_ms <= 0 and not self.shed_when_hopeless and \
+                (self.avoids_past_max_ttft or self.max_ttft_ms <= 0):
             return endpoints
         assessed = self.assess(request, endpoints)
         if not assessed:
@@ -241,6 +255,10 @@ class DecodeHarmFilter(DecodeHarmCount):
             kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
             if self.hold_slack_ms > 0:
                 self._hold(request, [assessed[e.name] for e in kept])
+        soonest = min((assessed[e.name][1].ttft_ms for e in kept if e.name in assessed), default=0.0)
+        if not self.avoids_past_max_ttft and 0 < self.max_ttft_ms < soonest:
+            self.shed += 1
+            raise ShedRequest(SHED_TTFT_OVER_BOUND)
         if len(kept) < len(endpoints):
             self.filtered += 1
         return kept
