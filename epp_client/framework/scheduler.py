@@ -32,8 +32,9 @@ A filter may raise :class:`~epp_client.types.HoldRequest` (``decode-harm-filter`
 ``holdSlackMs``): the result is then held (``res.held``, status 429, ``retry_after_s``) and
 the caller schedules the request again that much later with ``request.waited_ms`` set (the
 filter bounds the time held: ``maxHoldMs``). A filter may raise
-:class:`~epp_client.types.ShedRequest` (``decode-harm-filter`` with ``shedWhenHopeless``): the
-result is a 429 with the filter's reason (``shed-slo-unreachable``), never scheduled again.
+:class:`~epp_client.types.ShedRequest` (``decode-harm-filter`` with ``shedWhenHopeless`` or
+``overMaxTtft: shed``): the result is a 429 with the filter's reason (``shed-slo-unreachable``,
+``shed-ttft-over-bound``), never scheduled again.
 ``prediction-opt-in-profile-handler`` runs the predicted profile for requests with
 ``x-prediction-based-scheduling: true`` once a learned model answers, else the heuristic
 one, and lets the admitters judge only the predicted requests.
