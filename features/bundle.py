@@ -29,7 +29,7 @@ from typing import Any
 
 from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
 from .prior import validate_base, validate_prior
-from .schema import RAW_COLUMNS, RAW_COLUMNS_V1
+from .schema import RAW_COLUMNS
 
 MANIFEST = "manifest.json"
 MODEL_KINDS = ("xgboost", "lightgbm", "prior")
@@ -93,9 +93,7 @@ def validate_manifest(m: Any) -> dict:
                           f"(this server knows {sorted(SUPPORTED_SCHEMAS)})")
     feats = m.get("features")
     if feats is not None:
-        # a schema-1 bundle names the raw columns before the queue fields: the same columns, by name
-        raw_columns = RAW_COLUMNS_V1 if m["schema_version"] == 1 else RAW_COLUMNS
-        if not isinstance(feats, Mapping) or list(feats.get("raw_columns", [])) != list(raw_columns):
+        if not isinstance(feats, Mapping) or list(feats.get("raw_columns", [])) != list(RAW_COLUMNS):
             raise BundleError("manifest.features.raw_columns do not match this server's schema")
         for target, names in (feats.get("features") or {}).items():
             if target not in TARGETS or not isinstance(names, list) or not names:

@@ -12,8 +12,7 @@ Keys (JSON)::
 
     version          "v000042-20261202T124500Z" (sortable; the ETag)
     created_at       RFC 3339
-    schema_version   int, 1 for a model without a queue column (features.schema.QUEUE_FIELDS), else
-                     features.schema.SCHEMA_VERSION at training time
+    schema_version   int, features.schema.SCHEMA_VERSION at training time
     features         features.matrix.schema_description()                   -> Features
     model_kind       "xgboost" | "lightgbm" | "prior"   (prior: no model files)
     objective        "quantile" | "mean"
@@ -43,7 +42,7 @@ absent and is written back as ``null``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -52,7 +51,8 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from .bundle import BundleError, sha256_bytes, validate_manifest
-from .matrix import FEATURES_V1, TARGETS, schema_description
+from .matrix import TARGETS, schema_description
+from .schema import SCHEMA_VERSION
 
 R = TypeVar("R", bound="Record")
 
@@ -315,8 +315,6 @@ class Manifest(Record):
     def feature_names(self, target: str) -> tuple[str, ...] | None:
         """The model's columns for ``target`` (None: the schema's default)."""
         names = (self.features.features or {}).get(target) if self.features else None
-        if names is None and self.schema_version == 1:
-            return FEATURES_V1[target]   # schema 1's default columns, not today's
         return None if names is None else tuple(names)
 
     def calibration_of(self, target: str) -> TargetCalibration | None:
@@ -354,18 +352,15 @@ def build_manifest(*, version: str, model_kind: str, quantile: float, mode: str,
                    feature_set: str = "default", created_at: str | None = None, base: Mapping | None = None,
                    calibration: Mapping | None = None, training: Mapping | None = None,
                    metrics: Mapping | None = None, lineage: Mapping | None = None,
-                   extra: Mapping | None = None,
-                   feature_names: Mapping[str, Sequence[str]] | None = None) -> Manifest:
-    """The one manifest builder (``feature_names``: the model's columns per target, default the
-    feature set's). ``models``: target -> (file name, format), the file's bytes in
+                   extra: Mapping | None = None) -> Manifest:
+    """The one manifest builder. ``models``: target -> (file name, format), the file's bytes in
     ``files`` (size and sha256 come from them); ``metrics`` and ``extra`` (more top-level keys)
     are made strict JSON (NaN -> null); the result is validated."""
-    features = schema_description(feature_set, feature_names)
     obj: dict[str, Any] = {
         "version": version,
         "created_at": created_at or datetime.now(UTC).isoformat(),
-        "schema_version": features["schema_version"],
-        "features": features,
+        "schema_version": SCHEMA_VERSION,
+        "features": schema_description(feature_set),
         "model_kind": model_kind,
         "objective": objective,
         "quantile": quantile,

@@ -8,12 +8,12 @@ monotone direction physics demands (used as a model constraint and by property t
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .schema import COL, RAW_COLUMNS, RAW_COLUMNS_V1, SCHEMA_VERSION, parse_row
+from .schema import COL, RAW_COLUMNS, SCHEMA_VERSION, parse_row
 
 TARGETS = ("ttft", "tpot")
 
@@ -28,9 +28,6 @@ _PTOK = COL["prefill_tokens_in_flight"]
 _DTOK = COL["decode_tokens_in_flight"]
 _ENC = COL["encoder_input_size"]
 _ENCM = COL["encoder_matched_size"]
-_PREQ = COL["prefill_requests_in_flight"]
-_HEAD = COL["queue_head_wait_ms"]
-_DCTX = COL["decode_context_tokens"]
 
 
 @dataclass(frozen=True)
@@ -77,15 +74,11 @@ _ALL: dict[str, Feature] = {
         Feature("prefix_quartile", _prefix_quartile, {"ttft": -1, "tpot": 0}),
         Feature("queued_prefill_tokens", _queued_prefill, {"ttft": 1, "tpot": 0}),
         Feature("num_tokens_generated", _col(_GEN), {"ttft": 0, "tpot": 0}),
-        # NaN (unknown) when the row does not carry them: the trees' missing value
-        Feature("prefill_requests_in_flight", _col(_PREQ), {"ttft": 1, "tpot": 0}),
-        Feature("queue_head_wait_ms", _col(_HEAD), {"ttft": 0, "tpot": 0}),
-        Feature("decode_context_tokens", _col(_DCTX), {"ttft": 1, "tpot": 1}),
     )
 }
 
-#: Schema 1's model input columns per target (what a schema-1 bundle without feature names used).
-FEATURES_V1: dict[str, tuple[str, ...]] = {
+#: Model input columns per target, in order. Changing these bumps SCHEMA_VERSION.
+FEATURES: dict[str, tuple[str, ...]] = {
     "ttft": (
         "kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
         "is_queued", "prefill_tokens_in_flight", "decode_tokens_in_flight", "encoder_input_size",
@@ -98,16 +91,6 @@ FEATURES_V1: dict[str, tuple[str, ...]] = {
         "pod_type", "num_tokens_generated",
     ),
 }
-#: The router's queue fields (``features.schema.QUEUE_FIELDS``) as model columns, per target.
-#: TPOT takes the decode context alone: with the two prefill-queue columns as well its forward
-#: pinball on sim-sessions and sim-ramp was 0.7-1.8% worse than without any queue column.
-QUEUE_FEATURES: dict[str, tuple[str, ...]] = {
-    "ttft": ("prefill_requests_in_flight", "queue_head_wait_ms", "decode_context_tokens"),
-    "tpot": ("decode_context_tokens",),
-}
-#: Model input columns per target, in order. Changing these bumps SCHEMA_VERSION. The trainer
-#: leaves out a queue column no training row carries (``known_features``).
-FEATURES: dict[str, tuple[str, ...]] = {t: (*FEATURES_V1[t], *QUEUE_FEATURES[t]) for t in FEATURES_V1}
 
 #: The upstream llm-d recipe's feature set (docs/evaluation.md §1 reference), for comparisons.
 UPSTREAM_FEATURES: dict[str, tuple[str, ...]] = {
@@ -120,9 +103,8 @@ UPSTREAM_FEATURES: dict[str, tuple[str, ...]] = {
 FEATURE_SETS = {"default": FEATURES, "upstream": UPSTREAM_FEATURES}
 KNOWN_FEATURES = frozenset(_ALL)
 
-#: Known schema versions this code can build matrices for (schema 1: the raw columns before
-#: the queue fields; its features are computed from today's raw matrix by name).
-SUPPORTED_SCHEMAS = frozenset({1, SCHEMA_VERSION})
+#: Known schema versions this code can build matrices for.
+SUPPORTED_SCHEMAS = frozenset({SCHEMA_VERSION})
 
 
 def feature_names(target: str) -> tuple[str, ...]:
@@ -132,23 +114,6 @@ def feature_names(target: str) -> tuple[str, ...]:
 def monotone_constraints(target: str, names: Sequence[str] | None = None) -> tuple[int, ...]:
     """Per-column monotone direction for ``target`` (XGBoost/LightGBM constraint order)."""
     return tuple(_ALL[name].monotone[target] for name in (names or FEATURES[target]))
-
-
-#: Least share of training rows that must carry a column that may be unknown for a model to
-#: use it. Trees trained on rows half of which carry the queue fields did worse than without
-#: them (sim-ramp forward TTFT pinball 760 ms, 739 without, 730 with them on every row).
-MIN_KNOWN_SHARE = 0.9
-
-
-def known_features(raw: np.ndarray, target: str, names: Sequence[str] | None = None) -> tuple[str, ...]:
-    """``names`` (default ``FEATURES[target]``) without the columns unknown (NaN) in more than
-    1 - ``MIN_KNOWN_SHARE`` of the rows of ``raw``: a model trained on rows that do not carry
-    the queue fields (or rarely do) has schema 1's columns (``FEATURES_V1``)."""
-    names = tuple(names or FEATURES[target])
-    if not len(raw):
-        return names
-    x = model_matrix(raw, target, names)
-    return tuple(n for j, n in enumerate(names) if np.mean(~np.isnan(x[:, j])) >= MIN_KNOWN_SHARE)
 
 
 def model_matrix(raw: np.ndarray, target: str, names: Sequence[str] | None = None) -> np.ndarray:
@@ -173,18 +138,14 @@ def raw_matrix(rows: Sequence[dict], field: str = "requests") -> np.ndarray:
     )
 
 
-def schema_description(feature_set: str = "default", names: Mapping[str, Sequence[str]] | None = None) -> dict:
-    """What a bundle records about the features it was trained with (``names``: the columns
-    used per target, default the feature set's)."""
+def schema_description(feature_set: str = "default") -> dict:
+    """What a bundle records about the features it was trained with."""
     sets = FEATURE_SETS[feature_set]
-    features = {t: list((names or {}).get(t) or sets[t]) for t in TARGETS}
-    # a model without a queue column is a schema-1 model: servers of either schema serve it
-    v1 = not any(set(features[t]) & set(QUEUE_FEATURES[t]) for t in TARGETS)
     return {
-        "schema_version": 1 if v1 else SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "feature_set": feature_set,
-        "raw_columns": list(RAW_COLUMNS_V1 if v1 else RAW_COLUMNS),
-        "features": features,
+        "raw_columns": list(RAW_COLUMNS),
+        "features": {t: list(sets[t]) for t in TARGETS},
     }
 
 

@@ -158,7 +158,7 @@ class LinearBase:
     def predict_matrix(self, x: np.ndarray, target: str, names: Sequence[str] | None = None) -> np.ndarray:
         """The linear value (not clipped) on a model matrix built for ``target`` with ``names``."""
         intercept, w = self.weights(target, names)
-        return _dot(x, w) + intercept
+        return x @ w + intercept
 
     def growth(self, target: str, names: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(upper, coefficients) aligned to ``names`` for :func:`growth_beyond` (upper = +inf
@@ -181,19 +181,9 @@ class LinearBase:
         return p.get("link", "add"), intercept, hi, w, float(p.get("floor", 0.0))
 
 
-def _dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``x @ w``, an unknown (NaN) value of a column counting 0: a linear part has no coefficient
-    on the columns that may be unknown (``features.schema.QUEUE_FIELDS``)."""
-    y = x @ w
-    if np.isnan(y).any():
-        y = np.where(np.isnan(x), 0.0, x) @ w
-    return y
-
-
 def growth_beyond(x: np.ndarray, upper: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """sum_j w_j * max(0, x_j - upper_j) per row: what the base adds past the range seen
-    (an unknown value adds nothing)."""
-    return np.fmax(x - upper, 0.0) @ w
+    """sum_j w_j * max(0, x_j - upper_j) per row: what the base adds past the range seen."""
+    return np.maximum(x - upper, 0.0) @ w
 
 
 def base_level(x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w: np.ndarray,
@@ -202,7 +192,7 @@ def base_level(x: np.ndarray, link: str, intercept: float, upper: np.ndarray, w:
     ``"add"``) or what the trees' output multiplies (``"ratio"``, never below ``floor``)."""
     if link == "beyond":
         return growth_beyond(x, upper, w)
-    level = _dot(x, w) + intercept
+    level = x @ w + intercept
     return np.maximum(level, floor) if link == "ratio" else level
 
 

@@ -16,9 +16,7 @@ from typing import Any
 
 #: Bumped whenever the meaning or order of raw columns or model features changes.
 #: A bundle records the schema it was trained with; a server refuses unknown ones.
-#: 2 appended the router's queue fields (``QUEUE_FIELDS``); a schema-1 bundle's raw columns are
-#: the first ones of schema 2, so a server of schema 2 serves it unchanged.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 1
 
 #: Largest value accepted for integer fields (keeps float64 exact and bounds input).
 MAX_INT = 2**31 - 1
@@ -50,7 +48,6 @@ class WireField:
     lo: float = 0.0
     hi: float | None = None
     required: bool = True
-    #: the raw value of an absent field; NaN: "unknown" (the trees' missing value, never 0)
     default: float = 0.0
     doc: str = ""
 
@@ -69,24 +66,9 @@ ROW_FIELDS: tuple[WireField, ...] = (
     WireField("encoder_input_size", "int", 0, MAX_INT, required=False, doc="multimodal encoder input size"),
     WireField("encoder_matched_size", "int", 0, MAX_INT, required=False,
               doc="cached part of encoder input (<= encoder_input_size)"),
-    # The router's own view of the endpoint's queue (what it dispatched there and has not seen
-    # finish), sent by epp_client's producer in streaming mode; the llm-d Go EPP sends none.
-    WireField("prefill_requests_in_flight", "int", 0, MAX_INT, required=False, default=math.nan,
-              doc="requests dispatched to the endpoint without their first token yet (absent: unknown)"),
-    WireField("queue_head_wait_ms", "float", 0.0, MAX_LATENCY_MS, required=False, default=math.nan,
-              doc="how long the first of them has been at the head of the queue, ms: since the later of "
-                  "its dispatch and the endpoint's last first token (absent: unknown)"),
-    WireField("decode_context_tokens", "int", 0, MAX_INT, required=False, default=math.nan,
-              doc="tokens in the KV cache of the requests decoding there: prompt plus generated (absent: unknown)"),
 )
 RAW_COLUMNS: tuple[str, ...] = tuple(f.name for f in ROW_FIELDS)
 COL = {name: i for i, name in enumerate(RAW_COLUMNS)}
-#: Fields whose absence is "unknown" (NaN in the raw columns, NULL in the sample store).
-QUEUE_FIELDS: tuple[str, ...] = tuple(f.name for f in ROW_FIELDS if math.isnan(f.default))
-#: Their raw column indices (the only raw columns that may be NaN).
-QUEUE_COLUMNS: tuple[int, ...] = tuple(COL[name] for name in QUEUE_FIELDS)
-#: Schema 1's raw columns: the first ones of today's (a schema-1 bundle reads them by name).
-RAW_COLUMNS_V1: tuple[str, ...] = RAW_COLUMNS[:len(RAW_COLUMNS) - len(QUEUE_FIELDS)]
 
 #: Numeric targets of a training entry (0 means "not measured").
 TARGET_FIELDS: tuple[WireField, ...] = (
@@ -223,8 +205,6 @@ def row_from_raw(raw: Sequence[float]) -> dict:
     """Inverse of parse_row: raw columns back to a wire row (for clients and tests)."""
     row: dict[str, Any] = {}
     for f, x in zip(ROW_FIELDS, raw):
-        if math.isnan(x):   # unknown: absent from the row
-            continue
         if f.kind == "pod_type":
             row[f.name] = POD_TYPE_NAMES[int(x)]
         elif f.kind == "int":
@@ -247,7 +227,7 @@ def row_json_schema() -> dict:
         p: dict[str, Any] = {"type": kind if f.required else [kind, "null"], "minimum": f.lo, "description": f.doc}
         if f.hi is not None:
             p["maximum"] = f.hi
-        if not f.required and not math.isnan(f.default):
+        if not f.required:
             p["default"] = 0
         props[f.name] = p
     props["encoder_matched_size"]["description"] += " (a larger value is refused with 422)"

@@ -18,7 +18,7 @@ import numpy as np
 
 from features.bundle import make_version, write_bundle
 from features.manifest import build_manifest
-from features.matrix import TARGETS, known_features, model_matrix
+from features.matrix import FEATURES, TARGETS, model_matrix
 from features.prior import DEFAULT_PRIOR, upper_values
 from features.schema import parse_training_entry
 from load.data import SHAREGPT, open_data
@@ -41,12 +41,6 @@ def load_trace(path: str = str(SHAREGPT)) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.array(raws, dtype=np.float64), np.array(ttft), np.array(tpot)
 
 
-def demo_features(path: str = str(SHAREGPT)) -> dict[str, tuple[str, ...]]:
-    """The model's columns per target, as the trainer picks them (none that no row carries)."""
-    raw, ttft, tpot = load_trace(path)
-    return {t: known_features(raw[y > 0], t) for t, y in zip(TARGETS, (ttft, tpot))}
-
-
 @functools.lru_cache(maxsize=16)
 def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGPT),
                 max_depth: int = 5) -> tuple[dict, dict, dict]:
@@ -56,7 +50,7 @@ def train_files(kind: str = "xgboost", rounds: int = 40, path: str = str(SHAREGP
     files, models, metrics = {}, {}, {}
     for target, y_all in zip(TARGETS, (ttft, tpot)):
         mask = y_all > 0
-        x = model_matrix(raw[mask], target, demo_features(path)[target])
+        x = model_matrix(raw[mask], target)
         y = y_all[mask]
         if kind == "xgboost":
             import xgboost as xgb
@@ -91,10 +85,9 @@ def demo_base(path: str = str(SHAREGPT)) -> dict:
     raw, ttft, tpot = load_trace(path)
     out = {}
     for target, y in zip(TARGETS, (ttft, tpot)):
-        names = demo_features(path)[target]
-        x = model_matrix(raw[y > 0], target, names)
+        x = model_matrix(raw[y > 0], target)
         out[target] = {**DEFAULT_PRIOR[target], "link": "beyond",
-                       "upper": upper_values(x, names, DEFAULT_PRIOR[target]["coef"])}
+                       "upper": upper_values(x, FEATURES[target], DEFAULT_PRIOR[target]["coef"])}
     return out
 
 
@@ -109,5 +102,5 @@ def build_bundle(root: Path, seq: int, kind: str = "xgboost", rounds: int = 40,
         version=make_version(seq), model_kind=kind, quantile=QUANTILE, mode="streaming", models=models, files=files,
         prior=DEFAULT_PRIOR, base={} if kind == "prior" else demo_base(),
         training={t: {"n_train": 0, "n_test": 0} for t in TARGETS}, metrics=metrics,
-        calibration=calibration or None, lineage=lineage, feature_names=demo_features())
+        calibration=calibration or None, lineage=lineage)
     return write_bundle(Path(root), manifest.to_json(), files)

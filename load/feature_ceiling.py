@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from features.matrix import TARGETS, known_features, model_matrix
+from features.matrix import TARGETS, model_matrix
 from features.scoring import pinball_loss
 
 #: name -> factory(quantile) of a scikit-learn style regressor (fit / predict)
@@ -71,7 +71,7 @@ def ceiling(trace, *, splits: int = 3, quantile: float = 0.9,
         if m.sum() < 50:
             continue
         raw, y = trace.raw[m], y_all[m]
-        x = model_matrix(raw, t, known_features(raw, t))   # as the trainer: no column no row carries
+        x = model_matrix(raw, t)
         loss: dict[str, list[float]] = {"linear": [], **{name: [] for name in learners}}
         for seed in range(splits):
             test = split(len(y), seed)

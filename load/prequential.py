@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-from features.schema import RAW_COLUMNS
 from load.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +88,11 @@ def load_entries(path: Path) -> list[dict]:
     return entries
 
 
+_ROW_KEYS = ("kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
+             "num_tokens_generated", "prefix_cache_score", "pod_type", "prefill_tokens_in_flight",
+             "decode_tokens_in_flight", "encoder_input_size", "encoder_matched_size")
+
+
 def replay(entries: list[dict], *, rate: float, before: float, after: float, factor: float, out: Path,
            quantile: float = 0.9, sync_interval: float = 0.5, retrain_interval: float = 0.5,
            log=print) -> dict:
@@ -130,7 +134,7 @@ def replay(entries: list[dict], *, rate: float, before: float, after: float, fac
                     for k in ("actual_ttft_ms", "actual_tpot_ms"):
                         e[k] = float(e.get(k) or 0.0) * factor
                 e.pop("timestamp", None)  # arrival time is now
-                row = {k: e[k] for k in RAW_COLUMNS if k in e}   # every row field the entry has
+                row = {k: e[k] for k in _ROW_KEYS if k in e}
                 queue.append(float(e.get("num_request_waiting") or 0.0))
                 r = c.post(purl + "/predict/bulk/strict", json={"requests": [row]})
                 r.raise_for_status()

@@ -11,7 +11,6 @@ from features import FieldError, RAW_COLUMNS, model_matrix, parse_row, parse_tra
 from features.bundle import BundleError, list_bundles, make_version, prune_bundles, read_bundle, validate_manifest, write_bundle
 from features.matrix import FEATURES, UPSTREAM_FEATURES, monotone_constraints, regimes, schema_description
 from features.prior import DEFAULT_PRIOR, LinearPrior, fit_linear_quantile
-from features.schema import SCHEMA_VERSION
 
 BASE = {"kv_cache_percentage": 0.5, "input_token_length": 1000, "num_request_waiting": 2,
         "num_request_running": 3, "num_tokens_generated": 0, "prefix_cache_score": 0.25}
@@ -191,7 +190,7 @@ def test_linear_quantile_without_rows_returns_the_bounds():
 
 
 def _manifest(seq: int, models: dict | None = None) -> dict:
-    return {"version": make_version(seq), "schema_version": SCHEMA_VERSION, "features": schema_description(),
+    return {"version": make_version(seq), "schema_version": 1, "features": schema_description(),
             "model_kind": "prior" if not models else "xgboost", "objective": "quantile", "quantile": 0.9,
             "mode": "e2e", "models": models or {}, "prior": DEFAULT_PRIOR}
 

@@ -19,7 +19,7 @@ from support.servers import run_app
 from training_server.trainer import TrainConfig
 from training_server import trainer as trainer_mod
 from training_server.worker import RetrainWorker, publish_gate, target_verdicts
-from features.schema import RAW_COLUMNS, parse_training_entry
+from features.schema import parse_training_entry
 
 ENTRIES = load_entries()
 
@@ -417,8 +417,7 @@ def test_seed_from_an_export_document_file_and_tampering_refused(parts, tmp_path
     seeded = Registry(tmp_path / "seeded", keep=2)
     bundle = seeded.load(path)
     assert bundle.source == "learned" and seeded.versions() == [bundle.version]
-    zero = np.zeros((1, len(RAW_COLUMNS)))
-    np.testing.assert_allclose(bundle.predict(zero)[1], registry.served.predict(zero)[1])
+    np.testing.assert_allclose(bundle.predict(np.zeros((1, 11)))[1], registry.served.predict(np.zeros((1, 11)))[1])
     name = next(iter(doc["files"]))
     bad = {**doc, "files": {**doc["files"], name: base64.b64encode(b"not a model").decode()}}
     path.write_text(json.dumps(bad))
@@ -437,7 +436,7 @@ def test_e2e_data_whose_ttft_is_answered_by_the_base_alone_is_published(tmp_path
     wait = rng.poisson(1 + 20 * np.linspace(0, 1, n))
     prompt = rng.integers(100, 4000, n)
     ttft = 40 + 0.2 * prompt + 150 * wait + rng.exponential(30, n)
-    base = np.zeros(len(RAW_COLUMNS))
+    base = np.zeros(11)
     entries = []
     for i in range(n):
         raw = base.copy()

@@ -7,7 +7,7 @@ import pytest
 from features.bundle import read_bundle, validate_manifest, write_bundle
 from features.loaded import LoadedBundle
 from features.prior import LINKS
-from features.schema import RAW_COLUMNS, parse_training_entry
+from features.schema import parse_training_entry
 from features.scoring import evaluate_bundle, evaluate_predictions
 from load.data import load_entries
 from training_server import trainer
@@ -116,7 +116,7 @@ def test_e2e_data_trains_ttft_only(data):
 
 
 def test_too_few_rows_and_bad_targets():
-    raw = np.zeros((10, len(RAW_COLUMNS)))
+    raw = np.zeros((10, 11))
     with pytest.raises(ValueError, match="no model"):
         trainer.build_bundle(train_models(raw, np.ones(10), np.zeros(10)), "v000001-20261202T000000Z")
     with pytest.raises(ValueError, match="finite"):

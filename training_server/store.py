@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from features.schema import QUEUE_FIELDS, RAW_COLUMNS, TrainingEntry
+from features.schema import RAW_COLUMNS, TrainingEntry
 
 from . import sampling
 
@@ -41,15 +41,10 @@ COLUMNS = (*RAW_COLUMNS, *TARGET_COLUMNS)
 #: Most entries one transaction takes from the queue (bounds a commit's duration).
 MAX_ENTRIES_PER_COMMIT = 50_000
 
-def _column(name: str) -> str:
-    """A raw column's declaration: a queue field is NULL when unknown (read back as NaN)."""
-    return f"{name} REAL" if name in QUEUE_FIELDS else f"{name} REAL NOT NULL"
-
-
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS samples (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    {", ".join(_column(c) for c in RAW_COLUMNS)},
+    {", ".join(f"{c} REAL NOT NULL" for c in RAW_COLUMNS)},
     actual_ttft_ms REAL NOT NULL,
     actual_tpot_ms REAL NOT NULL,
     ts REAL NOT NULL,
@@ -140,10 +135,6 @@ class SampleStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path)
         conn.executescript(_SCHEMA)
-        have = {row[1] for row in conn.execute("PRAGMA table_info(samples)")}
-        for name in QUEUE_FIELDS:   # a store of schema 1: its rows do not know the queue fields
-            if name not in have:
-                conn.execute(f"ALTER TABLE samples ADD COLUMN {name} REAL")
         # the store's identity (bundle lineage): created with the store, kept across restarts
         with conn:
             conn.execute("BEGIN IMMEDIATE")

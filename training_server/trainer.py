@@ -39,9 +39,8 @@ import numpy as np
 from features.bundle import make_version
 from features.loaded import LoadedBundle
 from features.manifest import Manifest, build_manifest
-from features.matrix import FEATURE_SETS, TARGETS, known_features, model_matrix, monotone_constraints
+from features.matrix import FEATURE_SETS, TARGETS, model_matrix, monotone_constraints
 from features.prior import DEFAULT_PRIOR, FLOOR_FEATURES, LINKS, MIN_SLOPE_SHARE, PRIOR_FEATURES, fit_linear_quantile
-from features.schema import QUEUE_COLUMNS
 
 from .calibration import MIN_REGIME_CAL_ROWS, conformal_offset, conformal_spec  # noqa: F401 (re-exported)
 from .target_fit import fit_target
@@ -312,8 +311,8 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
             raise ValueError(f"{t} must have shape ({raw.shape[0]},), got {y.shape}")
         if not np.isfinite(y).all() or (y < 0).any():
             raise ValueError(f"{t} targets must be finite and >= 0")
-    if not np.isfinite(np.delete(raw, QUEUE_COLUMNS, axis=1)).all():
-        raise ValueError("raw features must be finite (NaN only where a queue field is unknown)")
+    if not np.isfinite(raw).all():
+        raise ValueError("raw features must be finite")
     w_all = None if weights is None else np.asarray(weights, dtype=np.float64)
     names_all = FEATURE_SETS[config.feature_set]
     models: dict[str, bytes] = {}
@@ -329,13 +328,14 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     for target in TARGETS:
         y_all = targets_y[target]
         m = y_all > 0
-        n_train[target] = n = int(m.sum())
-        r, y = raw[m], y_all[m]
-        names = known_features(r, target, names_all[target])   # no column no row carries
+        n = int(m.sum())
+        n_train[target] = n
+        names = tuple(names_all[target])
         names_used[target] = names
         if n < config.min_rows:
             prior[target] = DEFAULT_PRIOR[target]
             continue
+        r, y = raw[m], y_all[m]
         w = None if w_all is None else w_all[m]
         prior[target] = fit_prior(r, y, target, config.quantile if config.objective == "quantile" else 0.5,
                                   max_rows=config.base_rows, weights=w)
@@ -379,7 +379,7 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
     cfg = result.config
     manifest = build_manifest(
         version=version, created_at=result.created_at, feature_set=cfg.feature_set, model_kind=cfg.model_type,
-        objective=cfg.objective, quantile=cfg.quantile, mode=result.mode, feature_names=result.feature_names,
+        objective=cfg.objective, quantile=cfg.quantile, mode=result.mode,
         models={t: (f"{t}.{ext}", fmt) for t in result.models}, files=files, prior=result.prior,
         base={t: b for t, b in result.base.items() if t in result.targets} if result.base else None,
         calibration={t: c for t, c in result.calibration.items() if t in result.targets},

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
-from functools import partial
 from typing import Any
 
 from epp_client.engine.twin import Running
@@ -94,52 +93,44 @@ class PredictedLatencyProducer(Plugin):
 
     # -- Produce ---------------------------------------------------------------------
     def _prepare(self, request: InferenceRequest, endpoints: list[Endpoint],
-                 now: float) -> tuple[RequestContext, list[dict], dict[str, tuple[Running, ...]] | None]:
+                 now: float) -> tuple[RequestContext, list[dict]]:
         ctx = self._cache.get(request.request_id, now)
         if ctx is None:
             ctx = RequestContext(request.request_id, max(0, int(request.input_tokens)))
         ctx.ttft_slo = request.ttft_slo_ms
         ctx.tpot_slo = request.tpot_slo_ms
-        # streaming mode: each candidate's view, once, for its queue fields and the engine twin
-        views = {e.name: self.decoding(e.name, now) for e in endpoints} if self.streaming_mode else None
         rows = feature_rows(ctx, endpoints, use_encoder_cache_features=self.use_encoder_cache_features,
-                            endpoint_role_label=self.endpoint_role_label,
-                            queue=views.__getitem__ if views is not None else None)
+                            endpoint_role_label=self.endpoint_role_label)
         ctx.rows = {e.name: row for e, row in zip(endpoints, rows)}
-        return ctx, rows, views
-
-    def _viewed(self, views: dict[str, tuple[Running, ...]], endpoint: str, now: float) -> tuple[Running, ...]:
-        """``decoding``, from ``views`` (taken at scheduling time, before any hook changed the state)."""
-        view = views.get(endpoint)
-        return view if view is not None else self.decoding(endpoint, now)
+        return ctx, rows
 
     def decoding(self, endpoint: str, now: float) -> tuple[Running, ...]:
         """The twin's view of ``endpoint`` at ``now`` (:func:`.twin_view.running_on`)."""
         return running_on(endpoint, now, self.running, self._cache.contexts, self._first_token_at)
 
     def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None,
-               now: float, views: dict[str, tuple[Running, ...]] | None) -> None:
+               now: float) -> None:
         if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
             self._counters["prediction_failures"] += 1
             return  # no attribute written; consumers fall back (B1.9)
         self._counters["predictions"] += 1
         apply_predictions(ctx, endpoints, result, now, running=self.running, streaming_mode=self.streaming_mode,
                           endpoint_role_label=self.endpoint_role_label, slo_buffer_factor=self.slo_buffer_factor,
-                          decoding=self.decoding if views is None else partial(self._viewed, views))
+                          decoding=self.decoding)
 
     def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
         now = self.clock() if now is None else now
-        ctx, rows, views = self._prepare(request, endpoints, now)
+        ctx, rows = self._prepare(request, endpoints, now)
         if self.predict_in_produce and endpoints and self.predictor is not None:
-            self._apply(ctx, endpoints, self.predictor.predict_bulk(rows_for_predictor(rows)), now, views)
+            self._apply(ctx, endpoints, self.predictor.predict_bulk(rows_for_predictor(rows)), now)
         self._cache.store(ctx, now)
 
     async def aproduce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
         now = self.clock() if now is None else now
-        ctx, rows, views = self._prepare(request, endpoints, now)
+        ctx, rows = self._prepare(request, endpoints, now)
         if self.predict_in_produce and endpoints and self.predictor is not None:
             result = await self.predictor.apredict_bulk(rows_for_predictor(rows))
-            self._apply(ctx, endpoints, result, now, views)
+            self._apply(ctx, endpoints, result, now)
         self._cache.store(ctx, now)
 
     # -- PreRequest ------------------------------------------------------------------

@@ -4,17 +4,14 @@ when the request completes (``actual_*``, ``timestamp`` from ``wall_clock``, the
 the chosen endpoint, A.2.4). ``pod_type`` is sent only for the label values the wire contract
 knows (``prefill``, ``decode``); other role values are omitted. A row of an endpoint without
 scraped metrics is marked ``_no_metrics``: it is predicted (without the mark) and never trained on.
-In streaming mode a row carries the router's queue fields (:mod:`.queue_fields`).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from epp_client.engine.twin import Running
-from epp_client.plugins.producer.queue_fields import queue_fields
 from epp_client.plugins.producer.request_state import RequestContext
 from epp_client.types import Endpoint
 
@@ -24,10 +21,8 @@ NO_METRICS = "_no_metrics"
 
 
 def feature_rows(ctx: RequestContext, endpoints: list[Endpoint], *, use_encoder_cache_features: bool,
-                 endpoint_role_label: str, queue: Callable[[str], Iterable[Running]] | None = None) -> list[dict]:
-    """The request's feature row on each endpoint, in order (the wire's prediction fields);
-    with ``queue`` (endpoint name -> the producer's view of it), the queue fields too
-    (:mod:`.queue_fields`; not on a ``prefill`` endpoint)."""
+                 endpoint_role_label: str) -> list[dict]:
+    """The request's feature row on each endpoint, in order (the wire's prediction fields)."""
     encoder_input = 0
     if use_encoder_cache_features:
         for e in endpoints:
@@ -58,8 +53,6 @@ def feature_rows(ctx: RequestContext, endpoints: list[Endpoint], *, use_encoder_
         pod = (e.labels.get(endpoint_role_label, "") or "") if endpoint_role_label else ""
         if pod in _KNOWN_POD_TYPES:
             row["pod_type"] = pod
-        if queue is not None and pod != "prefill":
-            row.update(queue_fields(queue(e.name)))
         if m is None:
             row[NO_METRICS] = True
         rows.append(row)
