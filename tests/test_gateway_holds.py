@@ -2,7 +2,8 @@
 decode-harm-filter, the real prediction and training servers, fake HTTP engines. A held request
 is placed at its bound (``maxHoldMs``), not at the gateway's ceiling; a sheddable request late on
 every endpoint gets 429 ``shed-slo-unreachable`` with Retry-After; a non-sheddable one is placed
-where it is least late."""
+where it is least late; any request the twin would queue past the profile's 60 s gets 429
+``shed-ttft-over-bound``."""
 from __future__ import annotations
 
 import re
@@ -103,5 +104,37 @@ def test_a_hopeless_request_is_shed_when_sheddable_else_placed_where_least_late(
         blocker.join(30)
         m = httpx.get(srv.url + "/metrics").text
         assert re.search(r'^latency_gateway_admission_denied_total\{reason="shed-slo-unreachable"\} 1\.0$', m, re.M)
+    finally:
+        srv.stop()
+
+
+class FixedTtft:
+    """An engine model that puts the request's first token ``ttft_ms`` away on every endpoint,
+    harming nobody."""
+
+    def __init__(self, ttft_ms: float) -> None:
+        self.ttft_ms = ttft_ms
+
+    def placement(self, request, endpoint, prompt, cached) -> Outcome:
+        return Outcome(0, self.ttft_ms, 1.0)
+
+
+def test_the_recommended_profile_refuses_a_request_it_would_queue_past_60_s(servers, engines):  # noqa: F811
+    gw, srv = start(servers["tmp"], [e.url for e in engines], config_text("predicted-latency-recommended"),
+                    [servers["prediction"]], servers["training"])
+    f = _harm_filter(gw)
+    assert (f.max_ttft_ms, f.over_max_ttft) == (60_000.0, "shed")
+    body = {"prompt": "hello", "max_tokens": 2}
+    try:
+        f.use_engine_model(FixedTtft(90_000.0))       # past the bound everywhere: refused at once, any priority
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 429 and r.headers["x-llm-d-request-dropped-reason"] == "shed-ttft-over-bound"
+        assert int(r.headers["retry-after"]) >= 1 and f.shed == 1
+        assert sum(len(e.state.received) for e in engines) == 0
+        f.use_engine_model(FixedTtft(50_000.0))       # within it: placed
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        assert sum(len(e.state.received) for e in engines) == 1 and f.shed == 1
+        m = httpx.get(srv.url + "/metrics").text
+        assert re.search(r'^latency_gateway_admission_denied_total\{reason="shed-ttft-over-bound"\} 1\.0$', m, re.M)
     finally:
         srv.stop()
