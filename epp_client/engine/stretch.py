@@ -100,12 +100,17 @@ def _stepped(times: list[float], base: float, per_context: float, decode_ms: flo
     :meth:`DecodeCache.times` elementwise, the same operations in the same order (the contexts are
     whole numbers, exact in a float; the time is accumulated left to right), to the last bit."""
     ms = base + per_context * (context + decodes * np.arange(m, dtype=np.float64)) + decode_ms + zero
-    acc = np.empty(m + 1)
-    acc[0] = t
-    np.divide(np.where(ms > 0.1, ms, 0.1), speed, out=acc[1:])
-    np.cumsum(acc, out=acc)
-    times.extend(acc[1:].tolist())
+    times.extend(_cumulative(t, ms, speed)[1:].tolist())
     return times[-1]
+
+
+def _cumulative(t: float, ms: np.ndarray, speed: float) -> np.ndarray:
+    """``t`` followed by the time after each step of ``ms`` (floored at 0.1 ms, divided by
+    ``speed``), accumulated left to right as the scalar loops do."""
+    acc = np.empty(len(ms) + 1)
+    acc[0] = t
+    np.divide(np.maximum(ms, 0.1), speed, out=acc[1:])
+    return np.cumsum(acc, out=acc)
 
 
 #: a prompt with at least this many full chunks ahead has them stepped with numpy
@@ -123,10 +128,7 @@ def full_chunks(model: StepModel, decodes: int, context: float, t: float, room: 
     pairs = 0.0 + room * ((done + room * j) + room / 2.0)
     ms = (model.fixed_ms + model.per_token_ms * (decodes + room) + model.per_context_token_ms * (context + decodes * j)
           + (model.decode_ms if decodes else 0.0) + model.per_prefill_pair_ms * pairs)
-    acc = np.empty(m + 1)
-    acc[0] = t
-    np.divide(np.maximum(ms, 0.1), model.speed, out=acc[1:])
-    np.cumsum(acc, out=acc)
+    acc = _cumulative(t, ms, model.speed)
     if until_ms is not None:
         k = int(np.searchsorted(acc[1:], until_ms, "left"))
         m = min(m, k + 1)

@@ -255,8 +255,8 @@ class DecodeHarmFilter(DecodeHarmCount):
             kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
             if self.hold_slack_ms > 0:
                 self._hold(request, [assessed[e.name] for e in kept])
-        soonest = min((assessed[e.name][1].ttft_ms for e in kept if e.name in assessed), default=0.0)
-        if not self.avoids_past_max_ttft and 0 < self.max_ttft_ms < soonest:
+        if not self.avoids_past_max_ttft and self.max_ttft_ms > 0 and \
+                min(assessed[e.name][1].ttft_ms for e in kept if e.name in assessed) > self.max_ttft_ms:
             self.shed += 1
             raise ShedRequest(SHED_TTFT_OVER_BOUND)
         if len(kept) < len(endpoints):
