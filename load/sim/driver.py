@@ -141,6 +141,7 @@ class LifecycleRouter(BaseRouter):
         self.streamed_tokens = 0                   # tokens reported after first chunks (on_chunk)
         self._held: list = []                      # heap of (due time, request id, request) held by a filter
         self._held_since: dict[int, float] = {}    # request id -> when it was first held
+        self._held_hashes: dict[int, list] = {}    # request id -> its prompt's block hashes, while it is held
         self.holds = 0                             # scheduling attempts answered with a hold
         self.held_requests = 0                     # requests held at least once
         self.held_max_ms = 0.0                     # the longest a filter held a request before placing or shedding it
@@ -182,7 +183,9 @@ class LifecycleRouter(BaseRouter):
         if self.prefix is not None:
             bs = self.prefix.block_size_tokens
             total = -(-req.est_input_len // bs)   # the gateway hashes the blocks of its estimate's bytes
-            hashes = prompt_hashes(req, bs)[:min(self.prefix.max_prefix_blocks, total)]
+            hashes = self._held_hashes.pop(req.rid, None)   # a held request's, hashed when first scheduled
+            if hashes is None:
+                hashes = prompt_hashes(req, bs)[:min(self.prefix.max_prefix_blocks, total)]
             self.prefix.produce(hashes, eps, total_blocks=total)
         headers = {"x-request-id": str(req.rid)}
         if req.ttft_slo_ms > 0:
@@ -203,6 +206,8 @@ class LifecycleRouter(BaseRouter):
         finally:
             self.current = None
         if res.held:        # a filter holds it: schedule it again later (on_wake)
+            if hashes is not None:
+                self._held_hashes[req.rid] = hashes
             self._hold(req, now, res.retry_after_s)
             return DEFERRED
         since = self._held_since.pop(req.rid, None)
@@ -284,6 +289,7 @@ class LifecycleRouter(BaseRouter):
     def on_abandon(self, req: SimRequest, now: float) -> None:
         """The client of a request this router holds left: forget it (``on_wake`` skips it)."""
         self._held_since.pop(req.rid, None)
+        self._held_hashes.pop(req.rid, None)
 
     def on_tick(self, now: float) -> None:
         if self.learner is not None:
