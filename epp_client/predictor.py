@@ -6,6 +6,8 @@ Protocol (duck-typed; both implementations below follow it)::
     async apredict_bulk(rows: list[dict]) -> BulkPrediction | None  # asyncio
     metrics: PredictorMetrics                                        # counters, latency
     close() / async aclose()
+    engine_section() -> (version, section) | None                    # optional: the learned engine
+                                                                     #   step model (decode-harm twin)
 
 ``rows`` are wire feature rows (``docs/wire-api.md`` §1.1), one per candidate endpoint.
 ``None`` means "no predictions" (any failure: invalid rows, too many rows, connection
@@ -36,6 +38,7 @@ import orjson
 
 from epp_client.breaker import CircuitBreaker
 from epp_client.coalescer import Coalescer
+from epp_client.engine_fetch import EngineFetcher
 from epp_client.httpclient import HttpTransport, ServerAddress, TransportError
 from epp_client.settings import MAX_BULK_SIZE, PredictorSettings
 from features.schema import FieldError, parse_row
@@ -152,6 +155,12 @@ class InProcessPredictor:
     async def apredict_bulk(self, rows: list[dict]) -> BulkPrediction | None:
         return self.predict_bulk(rows)
 
+    def engine_section(self) -> tuple[str, Any] | None:
+        """The served bundle's learned engine step model (its manifest ``engine``) and version."""
+        bundle = self.get_bundle()
+        engine = bundle.manifest.engine
+        return None if engine is None else (bundle.version, engine)
+
     def close(self) -> None:
         pass
 
@@ -175,7 +184,7 @@ class PredictorClient:
     def __init__(self, urls: Sequence[str] | str, deadline_ms: float = 50.0, max_bulk_size: int = MAX_BULK_SIZE,
                  coalesce_window_ms: float = 0.0, max_coalesced_rows: int = 0, max_concurrent_dispatches: int = 36,
                  failure_threshold: int = 3, circuit_open_s: float = 1.0, max_idle_connections: int = 32,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, engine_refresh_s: float = 10.0) -> None:
         if isinstance(urls, str):
             urls = [u for u in (x.strip() for x in urls.split(",")) if u]
         if not urls:
@@ -197,6 +206,16 @@ class PredictorClient:
         self._lock = threading.Lock()
         self.metrics = PredictorMetrics()
         self._coalescer: Coalescer | None = None
+        self.engine_refresh_s = engine_refresh_s
+        self._engine: EngineFetcher | None = None
+        self.last_model_version = ""   # of the last predictions (a new one may carry a new engine section)
+
+    def engine_section(self) -> tuple[str, Any] | None:
+        """The learned engine step model the prediction servers serve (``GET /v1/engine``),
+        refreshed in the background (:class:`~epp_client.engine_fetch.EngineFetcher`)."""
+        if self._engine is None:
+            self._engine = EngineFetcher([s.url for s in self.servers], self.engine_refresh_s, clock=self.clock)
+        return self._engine.current(self.last_model_version)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> PredictorClient:
@@ -226,8 +245,8 @@ class PredictorClient:
             ttft = [float(p["ttft_ms"]) for p in preds]
             tpot = [float(p["tpot_ms"]) for p in preds]
             first = preds[0] if preds else {}
-            return BulkPrediction(ttft, tpot, str(first.get("model_version") or ""),
-                                  str(first.get("model_source") or ""))
+            self.last_model_version = version = str(first.get("model_version") or "")
+            return BulkPrediction(ttft, tpot, version, str(first.get("model_source") or ""))
         except _CallFailed:
             raise
         except Exception:

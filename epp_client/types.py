@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from epp_client.engine.features import EngineView
     from epp_client.engine.twin import Running
 
 #: The scheduling profile that picks the prefill endpoint under P/D disaggregation.
@@ -172,6 +173,9 @@ class InferenceRequest:
     streaming: bool = False
     max_tokens: int | None = None
     waited_ms: float = 0.0      # how long the router has held the request before this scheduling
+    #: the engine twin's view of the request at dispatch (epp_client.engine.features.EngineView),
+    #: set by a decode-harm plugin's pre_request, sent by the producer with its TTFT training entry
+    engine_view: EngineView | None = None
 
     @property
     def ttft_slo_ms(self) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 from .matrix import KNOWN_FEATURES, REGIME_NAMES, SUPPORTED_SCHEMAS, TARGETS
 from .prior import validate_base, validate_prior
-from .schema import RAW_COLUMNS
+from .schema import ENGINE_COEFFICIENTS, MAX_ENGINE_NAME_LEN, RAW_COLUMNS
 
 MANIFEST = "manifest.json"
 MODEL_KINDS = ("xgboost", "lightgbm", "prior")
@@ -46,6 +46,11 @@ MAX_ABS_MS = 3_600_000.0
 SCALE_RANGE = (1e-3, 1e3)
 #: Largest magnitude of a prior coefficient (ms per unit of a feature).
 MAX_ABS_COEF = 1e6
+#: Range of an engine step coefficient (ms per unit of its step sum) and of an endpoint's speed.
+ENGINE_COEF_RANGE = (0.0, 1e4)
+ENGINE_SPEED_RANGE = (1e-3, 1e3)
+#: Most endpoint classes and endpoints an engine section may name (bounds the manifest).
+MAX_ENGINE_ENTRIES = 10_000
 LINEAGE_ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
 #: A lineage created further than this in the future (seconds, clock skew) is refused: it
 #: would otherwise outrank every lineage to come and pin the fleet.
@@ -141,6 +146,8 @@ def validate_manifest(m: Any) -> dict:
     if m["model_kind"] != "prior" and not models and not base:
         raise BundleError("manifest.models is empty for a learned bundle (and no target has a base)")
     validate_numbers(m)
+    if m.get("engine") is not None:
+        validate_engine(m["engine"])
     if m.get("lineage") is not None:
         validate_lineage(m["lineage"])
     return dict(m)
@@ -206,6 +213,47 @@ def validate_numbers(m: Mapping) -> None:
         _check(f"prior.{target}.intercept", p.get("intercept", 0.0), -MAX_ABS_MS, MAX_ABS_MS)
         for name, w in (p.get("coef") or {}).items():
             _check(f"prior.{target}.coef.{name}", w, -MAX_ABS_COEF, MAX_ABS_COEF)
+
+
+def _count(path: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BundleError(f"manifest.{path} = {value!r} is not a non-negative integer")
+
+
+def _names(path: str, obj: Any) -> Mapping:
+    if not isinstance(obj, Mapping) or len(obj) > MAX_ENGINE_ENTRIES:
+        raise BundleError(f"manifest.{path} must be an object of at most {MAX_ENGINE_ENTRIES} entries")
+    for name in obj:
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_ENGINE_NAME_LEN:
+            raise BundleError(f"manifest.{path}: {str(name)[:40]!r} is not a name of 1 to {MAX_ENGINE_NAME_LEN} "
+                              "characters")
+    return obj
+
+
+def validate_engine(engine: Any) -> None:
+    """The learned engine step model (training_server.engine_fit): ``{"rows": n, "classes":
+    {class: {"coefficients": {name: ms per unit}, "n_train", "n_heldout", "heldout_error",
+    "endpoints": {endpoint: {"speed", "n"}}}}}``. Every coefficient of
+    features.schema.ENGINE_COEFFICIENTS in ENGINE_COEF_RANGE, speeds in ENGINE_SPEED_RANGE,
+    counts non-negative integers, the held-out error in [0, 1e6]. Raises BundleError naming the key."""
+    if not isinstance(engine, Mapping):
+        raise BundleError("manifest.engine must be an object")
+    _count("engine.rows", engine.get("rows", 0))
+    for cls, spec in _names("engine.classes", engine.get("classes")).items():
+        path = f"engine.classes.{cls}"
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("coefficients"), Mapping):
+            raise BundleError(f"manifest.{path} must be an object with coefficients")
+        for name in ENGINE_COEFFICIENTS:
+            _check(f"{path}.coefficients.{name}", spec["coefficients"].get(name), *ENGINE_COEF_RANGE)
+        for key in ("n_train", "n_heldout"):
+            _count(f"{path}.{key}", spec.get(key, 0))
+        if spec.get("heldout_error") is not None:
+            _check(f"{path}.heldout_error", spec["heldout_error"], 0.0, 1e6)
+        for ep, e in _names(f"{path}.endpoints", spec.get("endpoints", {})).items():
+            if not isinstance(e, Mapping):
+                raise BundleError(f"manifest.{path}.endpoints.{ep} must be an object")
+            _check(f"{path}.endpoints.{ep}.speed", e.get("speed"), *ENGINE_SPEED_RANGE)
+            _count(f"{path}.endpoints.{ep}.n", e.get("n", 0))
 
 
 def validate_lineage(lineage: Any, now: float | None = None) -> tuple[str, float]:

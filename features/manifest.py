@@ -33,6 +33,9 @@ Keys (JSON)::
     seeded_from      {"version", "lineage"}                                   -> SeededFrom (a seed import)
     trained_on       {"max_row_id", "stored_rows"}                            -> TrainedOn
     recipe           {"name", "seed", "train_seconds"}; recalibrated {"from", "factors", "live_factor"}
+    engine           {"rows", "classes": {class: {"coefficients", "n_train", "n_heldout", "heldout_error",
+                     "endpoints": {endpoint: {"speed", "n"}}}}} (optional: the engine twin's learned step
+                     model, features.bundle.validate_engine)
 
 Coverage is a percentage (share of actuals <= prediction x 100), as in every score of
 :mod:`features.scoring`. Keys a reader does not know are kept (``extra``) and written back,
@@ -269,6 +272,7 @@ class Manifest(Record):
     trained_on: TrainedOn | None = None
     recipe: Mapping[str, Any] | None = None
     recalibrated: Mapping[str, Any] | None = None
+    engine: Mapping[str, Any] | None = None
     NESTED: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "models": per_key(ModelFile), "prior": per_key(Linear), "base": per_key(Linear),
         "calibration": per_key(TargetCalibration), "training": per_key(Training), "metrics": per_key(Scores),

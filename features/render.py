@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from .loaded import LoadedBundle
+from .manifest import thaw
 
 
 def rfc3339(ts: float) -> str:
@@ -60,3 +61,16 @@ class PredictionFields:
              "predicted_at": predicted_at, k0: mt, k1: ob, k2: q, k3: lml, k4: mv, k5: ms}
             for a, b, alo, ahi, blo, bhi in zip(t, p, t_lo, t_hi, p_lo, p_hi)
         ]
+
+
+def engine_document(bundle: LoadedBundle) -> tuple[int, dict]:
+    """``GET /v1/engine`` of both servers: the served bundle's learned engine step model
+    (manifest ``engine``, features.bundle.validate_engine) with its version (200), or 404 with
+    the reason none is served yet."""
+    engine = bundle.manifest.engine
+    if engine is None:
+        why = ("no learned bundle is served yet" if bundle.source != "learned" else
+               f"bundle {bundle.version} has no engine section: no endpoint class has enough TTFT entries with "
+               "the engine fields yet")
+        return 404, {"detail": f"no engine step model learned: {why}"}
+    return 200, {"model_version": bundle.version, "model_source": bundle.source, "engine": thaw(engine)}

@@ -82,6 +82,31 @@ PREDICTED_FIELDS: tuple[WireField, ...] = (
 )
 MAX_MODEL_VERSION_LEN = 128
 
+#: Our extension: the engine twin's view of the request at dispatch on the endpoint that served
+#: it (optional; an entry without them is stored and learned from as before). The twin's TTFT
+#: is ``(c . F) / speed`` over these sums F of its steps until the request's first token (the
+#: step model's coefficients c, in ``ENGINE_COEFFICIENTS`` order; the endpoint's speed), so the
+#: training server fits c per endpoint class and a speed per endpoint from them and the
+#: measured TTFT (docs/wire-api.md §1.3). All five or none, with ``engine_endpoint``.
+ENGINE_FEATURE_FIELDS: tuple[WireField, ...] = (
+    WireField("engine_steps", "float", 0.0, doc="the twin's engine steps until the request's first token"),
+    WireField("engine_step_tokens", "float", 0.0, doc="tokens in those steps' batches, summed"),
+    WireField("engine_step_context", "float", 0.0, doc="context tokens of the decodes, summed over the steps"),
+    WireField("engine_decode_steps", "float", 0.0, doc="those steps with decodes in the batch"),
+    WireField("engine_prefill_pairs", "float", 0.0, doc="causal token pairs of the prefill chunks, summed"),
+)
+#: the step model's coefficient each engine feature multiplies (``epp_client.engine.twin.StepModel``)
+ENGINE_COEFFICIENTS: tuple[str, ...] = ("fixed_ms", "per_token_ms", "per_context_token_ms", "decode_ms",
+                                        "per_prefill_pair_ms")
+#: the twin's TTFT at dispatch for the endpoint that served the request (its live error)
+ENGINE_TTFT_FIELD = WireField("engine_ttft_ms", "float", 0.0, MAX_LATENCY_MS, required=False,
+                              doc="the engine twin's TTFT at dispatch, ms")
+#: the endpoint that served the request and its class (model served and pod shape)
+ENGINE_NAME_FIELDS: tuple[str, ...] = ("engine_endpoint", "engine_class")
+MAX_ENGINE_NAME_LEN = 253
+#: the class of an endpoint whose labels name neither its model nor its shape
+DEFAULT_ENGINE_CLASS = "default"
+
 
 def _check_number(value: Any, f: WireField, loc: tuple) -> float:
     # bool is an int subclass in Python; JSON true/false is never a number here.
@@ -164,6 +189,55 @@ def parse_timestamp(value: Any, loc: tuple) -> float | None:
 
 
 @dataclass(frozen=True)
+class EngineObservation:
+    """The engine fields of a training entry: the endpoint, its class, the five sums
+    (``ENGINE_FEATURE_FIELDS`` order) and the twin's TTFT at dispatch (0: not sent)."""
+
+    endpoint: str
+    engine_class: str
+    features: tuple[float, float, float, float, float]
+    twin_ttft_ms: float = 0.0
+
+
+def _required_numbers(obj: dict, fields: Sequence[WireField], loc: tuple, missing: str = "field required"
+                      ) -> list[float]:
+    """The values of ``fields`` in ``obj``, each required and checked (FieldError naming it)."""
+    out = []
+    for f in fields:
+        value = obj.get(f.name)
+        if value is None:
+            raise FieldError((*loc, f.name), missing, "missing")
+        out.append(_check_number(value, f, (*loc, f.name)))
+    return out
+
+
+def _engine_name(obj: dict, name: str, loc: tuple, default: str = "") -> str:
+    value = obj.get(name)
+    if value is None or value == "":
+        if not default:
+            raise FieldError((*loc, name), "field required with the engine fields", "missing")
+        return default
+    if type(value) is not str:
+        raise FieldError((*loc, name), f"must be a string, got {type(value).__name__}", "type_error")
+    if len(value) > MAX_ENGINE_NAME_LEN:
+        raise FieldError((*loc, name), f"longer than {MAX_ENGINE_NAME_LEN} characters", "value_error")
+    return value
+
+
+def parse_engine_observation(obj: dict, loc: tuple = ()) -> EngineObservation | None:
+    """The entry's engine fields, None when it has none; FieldError naming the field when
+    some are missing or one is not a non-negative finite number."""
+    if all(obj.get(f.name) is None for f in ENGINE_FEATURE_FIELDS) and obj.get("engine_endpoint") is None:
+        return None
+    values = _required_numbers(obj, ENGINE_FEATURE_FIELDS, loc, "field required with the engine fields")
+    endpoint = _engine_name(obj, "engine_endpoint", loc)
+    cls = _engine_name(obj, "engine_class", loc, DEFAULT_ENGINE_CLASS)
+    twin = obj.get(ENGINE_TTFT_FIELD.name)
+    twin_ms = 0.0 if twin is None else _check_number(twin, ENGINE_TTFT_FIELD, (*loc, ENGINE_TTFT_FIELD.name))
+    return EngineObservation(endpoint, cls, (values[0], values[1], values[2], values[3], values[4]), twin_ms)
+
+
+@dataclass(frozen=True)
 class TrainingEntry:
     """One validated training entry: raw feature columns plus targets and extensions."""
 
@@ -174,17 +248,13 @@ class TrainingEntry:
     predicted_ttft_ms: float = 0.0
     predicted_tpot_ms: float = 0.0
     model_version: str = ""
+    engine: EngineObservation | None = None
 
 
 def parse_training_entry(obj: Any, loc: tuple = ()) -> TrainingEntry:
     """Validate one training entry. A target of 0 means absent; at least one must be > 0."""
     raw = parse_row(obj, loc)
-    targets = []
-    for f in TARGET_FIELDS:
-        value = obj.get(f.name)
-        if value is None:
-            raise FieldError((*loc, f.name), "field required", "missing")
-        targets.append(_check_number(value, f, (*loc, f.name)))
+    targets = _required_numbers(obj, TARGET_FIELDS, loc)
     if targets[0] <= 0 and targets[1] <= 0:
         raise FieldError((*loc, "actual_ttft_ms"), "actual_ttft_ms and actual_tpot_ms are both 0: nothing to learn",
                          "value_error")
@@ -198,7 +268,8 @@ def parse_training_entry(obj: Any, loc: tuple = ()) -> TrainingEntry:
     if len(version) > MAX_MODEL_VERSION_LEN:
         raise FieldError((*loc, "model_version"), f"longer than {MAX_MODEL_VERSION_LEN} characters", "value_error")
     ts = parse_timestamp(obj.get("timestamp"), (*loc, "timestamp"))
-    return TrainingEntry(tuple(raw), targets[0], targets[1], ts, predicted[0], predicted[1], version)
+    engine = parse_engine_observation(obj, loc)
+    return TrainingEntry(tuple(raw), targets[0], targets[1], ts, predicted[0], predicted[1], version, engine)
 
 
 def row_from_raw(raw: Sequence[float]) -> dict:
@@ -246,4 +317,10 @@ def training_entry_json_schema() -> dict:
         props[f.name] = {"type": "number", "minimum": f.lo, "maximum": f.hi, "description": f.doc}
     props["timestamp"] = {"type": "string", "format": "date-time", "description": "RFC 3339; receive time when absent"}
     props["model_version"] = {"type": "string", "maxLength": MAX_MODEL_VERSION_LEN}
+    for f in (*ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD):
+        props[f.name] = {"type": "number", "minimum": f.lo, "description": f.doc}
+    props["engine_endpoint"] = {"type": "string", "maxLength": MAX_ENGINE_NAME_LEN,
+                                "description": "the endpoint that served the request (required with the engine sums)"}
+    props["engine_class"] = {"type": "string", "maxLength": MAX_ENGINE_NAME_LEN,
+                             "description": f"its class: model and pod shape ({DEFAULT_ENGINE_CLASS!r} when absent)"}
     return {**schema, "properties": props, "required": [*schema["required"], "actual_ttft_ms", "actual_tpot_ms"]}

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from features.apidocs import install_api_docs
+from features.render import engine_document
 from features.schema import row_json_schema
 
 from .batcher import StrictBatcher
@@ -280,6 +281,12 @@ def create_app(settings: Settings, sync: BundleSync | None = None,
             return JSONResponse({"status": "ready", "model_version": served.bundle.version})
         return JSONResponse({"status": "not ready", "reason": "no learned model loaded yet",
                              "model_version": served.bundle.version}, status_code=503)
+
+    @app.get("/v1/engine", summary="The engine twin's learned step model (the served bundle's engine section)",
+             responses={404: {"description": "no engine step model learned yet (the reason in detail)"}})
+    async def engine() -> JSONResponse:
+        status, doc = engine_document(service.bundle)
+        return JSONResponse(doc, status_code=status)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:

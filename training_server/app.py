@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from features.apidocs import install_api_docs
+from features.render import engine_document
 from features.schema import FieldError, row_json_schema, training_entry_json_schema
 
 from . import info
@@ -218,6 +219,12 @@ def create_app(settings: Settings, *, service: TrainingService | None = None, ru
         if doc is None:
             raise HTTPProblem(404, "no learned bundle published yet")
         return Response(orjson.dumps(doc), media_type="application/json")
+
+    @app.get("/v1/engine", responses={404: _ERR},
+             summary="The engine twin's step model learned from the engine fields of the entries (served bundle)")
+    async def engine() -> Response:
+        status, doc = engine_document(svc.registry.served)
+        return JSONResponse(doc, status_code=status)
 
     @app.get("/metrics", responses={200: {"description": "Prometheus text exposition",
                                           "content": {"text/plain": {"schema": {"type": "string"}}}}})

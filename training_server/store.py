@@ -26,17 +26,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from features.schema import RAW_COLUMNS, TrainingEntry
 
 from . import sampling
+from .engine_store import ENGINE_COLUMNS, EngineRows, engine_rows_after, engine_values, migrate, read_engine_rows
 
 log = logging.getLogger("training_server.store")
 
 TARGET_COLUMNS = ("actual_ttft_ms", "actual_tpot_ms", "ts", "predicted_ttft_ms", "predicted_tpot_ms",
-                  "model_version", "stratum")
+                  "model_version", *ENGINE_COLUMNS, "stratum")
 COLUMNS = (*RAW_COLUMNS, *TARGET_COLUMNS)
 #: Most entries one transaction takes from the queue (bounds a commit's duration).
 MAX_ENTRIES_PER_COMMIT = 50_000
@@ -88,7 +90,7 @@ def entries_to_rows(entries: Sequence[TrainingEntry], now: float | None = None) 
     raw = np.array([e.raw for e in entries], dtype=np.float64)
     strata = sampling.strata(raw).tolist()
     return [(*e.raw, e.actual_ttft_ms, e.actual_tpot_ms, now if e.timestamp is None else e.timestamp,
-             e.predicted_ttft_ms, e.predicted_tpot_ms, e.model_version, s)
+             e.predicted_ttft_ms, e.predicted_tpot_ms, e.model_version, *engine_values(e), s)
             for e, s in zip(entries, strata)]
 
 
@@ -106,10 +108,7 @@ class SampleStore:
     """The sample store. ``open()`` starts the writer; ``close()`` drains and stops it."""
 
     def __init__(self, path: Path, *, max_rows: int, queue_size: int, test_ratio: float) -> None:
-        self.path = Path(path)
-        self.max_rows = max_rows
-        self.queue_size = queue_size
-        self.test_ratio = test_ratio
+        self.path, self.max_rows, self.queue_size, self.test_ratio = Path(path), max_rows, queue_size, test_ratio
         #: failure injection (tests only): called in the writer thread before each commit
         self.before_commit: Callable[[], None] | None = None
         #: called in the writer thread after each committed insert: (n_rows, seconds)
@@ -121,11 +120,8 @@ class SampleStore:
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._strata: Counter = Counter()
-        self._rows = 0
-        self._last_id = 0
-        self.inserted_total = 0
-        self.evicted_total = 0
-        self.commits_total = 0
+        self._rows = self._last_id = 0
+        self.inserted_total = self.evicted_total = self.commits_total = 0
         #: identity of the store (uuid4 hex, unix seconds), set by open()
         self.store_id = ""
         self.created_at = 0.0
@@ -135,6 +131,7 @@ class SampleStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = connect(self.path)
         conn.executescript(_SCHEMA)
+        migrate(conn)   # the engine columns (training_server.engine_store), added to an older store
         # the store's identity (bundle lineage): created with the store, kept across restarts
         with conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -352,13 +349,24 @@ class SampleStore:
         return sampling.select(ids, a[:, 1:1 + k], a[:, 1 + k], a[:, 2 + k], a[:, 3 + k],
                                a[:, 4 + k].astype(np.int64), max_per_bucket=max_per_bucket, test_ratio=ratio)
 
+    def read_engine_rows(self, limit: int) -> EngineRows:
+        """The newest ``limit`` rows with engine fields (:mod:`.engine_store`)."""
+        return self._read(read_engine_rows, limit)
+
+    def engine_rows_after(self, after_id: int) -> int:
+        return self._read(engine_rows_after, after_id)
+
     def target_counts(self) -> dict[str, int]:
+        t, p = self._read(lambda c: c.execute("SELECT SUM(actual_ttft_ms > 0), SUM(actual_tpot_ms > 0) "
+                                              "FROM samples").fetchone())
+        return {"ttft": int(t or 0), "tpot": int(p or 0)}
+
+    def _read(self, fn: Callable, *args: object) -> Any:
         conn = connect(self.path, readonly=True)
         try:
-            t, p = conn.execute("SELECT SUM(actual_ttft_ms > 0), SUM(actual_tpot_ms > 0) FROM samples").fetchone()
+            return fn(conn, *args)
         finally:
             conn.close()
-        return {"ttft": int(t or 0), "tpot": int(p or 0)}
 
 
 def plan_eviction(counts: Counter | dict, excess: int) -> dict[int, int]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +39,9 @@ from features.scoring import evaluate_bundle
 
 from . import trainer
 from .correction import LEVEL_ROWS, LiveCorrection
+from .engine_learn import EngineLearner
 from .feedback import LiveFeedback
+from .gate import publish_gate, target_verdicts
 from .metrics import TrainingMetrics
 from .registry import Registry
 from .store import SampleStore
@@ -66,42 +68,6 @@ class CycleReport:
     candidate: dict = field(default_factory=dict)
     served: dict = field(default_factory=dict)
     seconds: float = 0.0
-
-
-def target_verdicts(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
-                    tolerance: float, learned: Collection[str] | None = None) -> dict[str, tuple[bool | None, str]]:
-    """Per target of the candidate: (True = publish it, False = keep the served one,
-    None = no held-out rows to compare on, or ``learned`` is given and the candidate has no
-    learned model for it: its prior beating the served model is no reason to publish), with a
-    reason. Scores are on the same rows."""
-    out: dict[str, tuple[bool | None, str]] = {}
-    for t, c in candidate.items():
-        s = served.get(t)
-        if learned is not None and t not in learned:
-            out[t] = (None, f"{t}: not learned")
-            continue
-        if s is None or not s.get("n"):
-            out[t] = (None, f"{t}: no held-out rows")
-            continue
-        limit = s["pinball"] if served_is_prior else s["pinball"] * (1.0 + tolerance)
-        what = "prior" if served_is_prior else "served"
-        ok = bool(c["pinball"] <= limit)
-        out[t] = (ok, f"{t} {c['pinball']:.4g} {'<=' if ok else '>'} {limit:.4g} ({what} {s['pinball']:.4g})")
-    return out
-
-
-def publish_gate(candidate: Mapping[str, Mapping], served: Mapping[str, Mapping], *, served_is_prior: bool,
-                 tolerance: float, learned: Collection[str] | None = None) -> tuple[bool, str]:
-    """Publish when at least one compared target's learned candidate model is good enough (those
-    that are not keep the served model; see RetrainWorker._compose)."""
-    verdicts = target_verdicts(candidate, served, served_is_prior=served_is_prior, tolerance=tolerance,
-                               learned=learned)
-    reason = "; ".join(r for _, r in verdicts.values()) or "no targets"
-    if not any(v is True for v, _ in verdicts.values()):
-        if all(v is None for v, _ in verdicts.values()):
-            return False, "no held-out rows to compare on"
-        return False, reason
-    return True, reason
 
 
 class RetrainWorker:
@@ -145,6 +111,8 @@ class RetrainWorker:
         self._trainings = 0
         self.correction.sync(served.manifest if served.source == "learned" else None,
                              served.version if served.source == "learned" else None)
+        #: the engine twin's step model, refitted each cycle from the stored engine rows
+        self.engine = EngineLearner(store)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -270,10 +238,11 @@ class RetrainWorker:
         recal = self._recalibrate_safely()
         if recal is not None:
             self.last = recal
+        self.engine.refit()
         need, why = self.threshold()
         if self.new_samples < need:
             self.metrics.retrain_skips.inc()
-            return CycleReport("skipped", f"{self.new_samples} new samples < {need}")
+            return self._publish_engine() or CycleReport("skipped", f"{self.new_samples} new samples < {need}")
         if why:
             log.info("retraining early: %s", why)
         self.cycles += 1
@@ -292,7 +261,21 @@ class RetrainWorker:
             self.metrics.retrain_seconds.observe(report.seconds)
         log.info("retrain cycle: %s (%s) in %.2fs", report.outcome, report.reason, report.seconds)
         self.last = report
-        return report
+        return self._publish_engine() or report
+
+    def _publish_engine(self) -> CycleReport | None:
+        """Serve a newly fitted engine section with the served models (:mod:`.engine_learn`)."""
+        try:
+            bundle = self.engine.publish(self.registry)
+        except Exception as e:  # never let it kill the loop; the section goes out with the next bundle
+            log.exception("engine section not published")
+            return CycleReport("failed", f"engine: {type(e).__name__}: {e}")
+        if bundle is None:
+            return None
+        self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
+        self.correction.published({}, bundle.version)
+        self.last = CycleReport("engine", "engine step model refitted", version=bundle.version)
+        return self.last
 
     def _cycle(self) -> CycleReport:
         # whatever happens next (even a failure), this data has been considered: no
@@ -349,7 +332,8 @@ class RetrainWorker:
         manifest, files = trainer.build_bundle(
             result, self.registry.next_version(), metrics=cand_scores,
             training={t: {"n_test": test_counts[t]} for t in test_counts},
-            extra={"trained_on": {"max_row_id": ts.max_id, "stored_rows": self.store.rows}})
+            extra={"trained_on": {"max_row_id": ts.max_id, "stored_rows": self.store.rows},
+                   **self.engine.extra(self.registry.served)})
         bundle = self.registry.publish(manifest, files)
         self._serve(bundle)
         self.metrics.set_heldout(cand_scores)

@@ -52,10 +52,15 @@ prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 with
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from epp_client.engine.features import EngineView, step_features, twin_ttft
+from epp_client.engine.learned import LearnedTwin, StepModels, engine_class
 from epp_client.engine.model import EngineModel, Outcome
 from epp_client.engine.twin import StepModel, TwinEngine
 from epp_client.framework.params import Plugin, ge, gt, one_of, param, within
-from epp_client.framework.protocols import Filter
+from epp_client.framework.protocols import Filter, RequestHooksBase
 from epp_client.framework.registry import plugin
 from epp_client.plugins.scorer.lora_affinity import lora_affinity
 from epp_client.types import (
@@ -96,8 +101,9 @@ def _loads_an_adapter(target: str, e: Endpoint) -> bool:
     return bool(target) and m is not None and m.max_active_lora > 0 and lora_affinity(target, m) < 1.0
 
 
-class DecodeHarmCount(Plugin):
-    """What both plugins share: their parameters and the count per endpoint (:meth:`scores`)."""
+class DecodeHarmCount(RequestHooksBase, Plugin):
+    """What both plugins share: their parameters, the count per endpoint (:meth:`scores`) and the
+    twin's view of each dispatched request (:meth:`pre_request`)."""
 
     prefill_chunk_tokens: int = param("prefillChunkTokens", default=2048, check=gt(0),
                                       doc="tokens the engine batches per step (vLLM's max_num_batched_tokens)")
@@ -151,14 +157,57 @@ class DecodeHarmCount(Plugin):
     max_steps: int = param("maxSteps", default=4000, check=gt(0),
                            doc="engine steps the twin runs per candidate at most (bounds the work per decision)")
 
+    learn_engine: bool = param("learnEngine", default=True,
+                               doc="step each endpoint with the step model the training server learned (its "
+                                   "class's coefficients, its own speed) once one is served; the step* parameters "
+                                   "and engineSpeed are the prior until then, and for a class not learned (false: "
+                                   "always the prior)")
+
+    engine_model_label: str = param("engineModelLabel", default="llm-d.ai/model",
+                                    doc="endpoint label naming the model it serves: with engineShapeLabel, the "
+                                        "endpoint's class, which the step coefficients are learned per")
+
+    engine_shape_label: str = param("engineShapeLabel", default="llm-d.ai/accelerator",
+                                    doc="endpoint label naming its pod shape (accelerator): with engineModelLabel, "
+                                        "the endpoint's class (`default` without either label)")
+
+    #: the predictor (context): its ``engine_section()`` gives the learned engine step model
+    predictor: Any = None
+
     #: the count makes an endpoint past maxTtftMs a last resort (the filter's ``overMaxTtft: shed`` does not)
     avoids_past_max_ttft = True
 
     def setup(self) -> None:
         self.step_model = StepModel(self.step_fixed_ms, self.step_per_token_ms, self.step_per_context_token_ms,
                                     self.step_decode_ms, self.step_per_prefill_pair_ms, self.engine_speed)
-        self.engine_model: EngineModel = TwinEngine(self.step_model, self.prefill_chunk_tokens, self.probe_steps,
-                                                    self.max_steps)
+        source = getattr(self.predictor, "engine_section", None) if self.learn_engine else None
+        #: per endpoint, the learned step model or the prior (epp_client.engine.learned)
+        self.step_models = StepModels(self.step_model, source if callable(source) else None)
+        self.engine_model: EngineModel = (
+            LearnedTwin(self.step_models, self.class_of, self.prefill_chunk_tokens, self.probe_steps, self.max_steps)
+            if self.step_models.source is not None else
+            TwinEngine(self.step_model, self.prefill_chunk_tokens, self.probe_steps, self.max_steps))
+
+    def class_of(self, endpoint: Endpoint) -> str:
+        """The endpoint's engine class (its model and pod shape labels)."""
+        return engine_class(endpoint, self.engine_model_label, self.engine_shape_label)
+
+    def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
+        """At dispatch: the twin's view of the request on its endpoint (the first pick), for its
+        TTFT training entry (``request.engine_view``: endpoint, class, the step sums of
+        :func:`~epp_client.engine.features.step_features` and the twin's TTFT), unless another
+        decode-harm plugin gave it already. Only with the router's view of the endpoint
+        (streaming mode)."""
+        e = next(iter(picks.values()), None)
+        if request.engine_view is not None or e is None or e.prediction is None or e.prediction.decoding is None:
+            return
+        prompt = max(0, int(request.input_tokens))
+        cls = self.class_of(e)
+        model = self.step_models.for_endpoint(cls, e.name)
+        f = step_features(model, self.prefill_chunk_tokens, e.prediction.running_decodes(), prompt,
+                          prompt - uncached_prompt_tokens(e, prompt), self.max_steps)
+        if f is not None:
+            request.engine_view = EngineView(e.name, cls, f, twin_ttft(model, f))
 
     def use_engine_model(self, model: EngineModel) -> None:
         """Judge placements with ``model`` instead of the engine twin (a reference that knows the
@@ -175,6 +224,7 @@ class DecodeHarmCount(Plugin):
         """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
         prompt = max(0, int(request.input_tokens))
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
+        self.step_models.refresh()
         placement = self.engine_model.placement
         out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
         for e in endpoints:

@@ -161,6 +161,9 @@ class PredictedLatencyProducer(Plugin):
             self.running.remove(request.request_id)
         ctx.dispatch = now
         ctx.uncached = 0 if ctx.prefill_target is not None else uncached_prompt_tokens(primary, ctx.input_tokens)
+        # the twin's view (a decode-harm plugin's, just before): sent with the TTFT entry
+        ctx.engine = request.engine_view if self.streaming_mode and ctx.prefill_target is None else None
+        request.engine_view = None
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
 

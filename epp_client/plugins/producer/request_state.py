@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
+from typing import Any
 
 
 class RunningQueue:
@@ -70,7 +71,7 @@ class RunningQueue:
 class RequestContext:
     __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
                  "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
-                 "touched", "uncached")
+                 "touched", "uncached", "engine")
 
     def __init__(self, request_id: str, input_tokens: int) -> None:
         self.request_id = request_id
@@ -89,6 +90,7 @@ class RequestContext:
         self.tokens_known = True
         self.touched = 0.0
         self.uncached = input_tokens   # prompt tokens to prefill on the target (set at dispatch)
+        self.engine: Any = None        # the twin's view at dispatch (epp_client.engine.features.EngineView)
 
 
 class ContextCache:

@@ -4,6 +4,8 @@ when the request completes (``actual_*``, ``timestamp`` from ``wall_clock``, the
 the chosen endpoint, A.2.4). ``pod_type`` is sent only for the label values the wire contract
 knows (``prefill``, ``decode``); other role values are omitted. A row of an endpoint without
 scraped metrics is marked ``_no_metrics``: it is predicted (without the mark) and never trained on.
+The TTFT entry carries the engine twin's view of the request at dispatch (the ``engine_*``
+fields, docs/wire-api.md §1.3) when a ``decode-harm`` plugin gave one.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from typing import Any
 
 from epp_client.plugins.producer.request_state import RequestContext
 from epp_client.types import Endpoint
+from features.schema import ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD
+
+_ENGINE_SUMS = tuple(f.name for f in ENGINE_FEATURE_FIELDS)
 
 _KNOWN_POD_TYPES = ("prefill", "decode")
 #: the mark of a row whose endpoint has no scraped metrics
@@ -95,7 +100,13 @@ class SampleEmitter:
         if name is None or row is None or NO_METRICS in row or self.sink is None or ctx.ttft_ms <= 0:
             self.counters["skipped_samples"] += 1
             return
-        self.sink.add([self._entry(ctx, name, row, ctx.ttft_ms, 0.0)])
+        entry = self._entry(ctx, name, row, ctx.ttft_ms, 0.0)
+        view = ctx.engine
+        if view is not None and view.endpoint == name:   # the twin's view at dispatch (features.schema)
+            entry.update(zip(_ENGINE_SUMS, view.features), engine_endpoint=view.endpoint,
+                         engine_class=view.engine_class)
+            entry[ENGINE_TTFT_FIELD.name] = min(view.ttft_ms, ENGINE_TTFT_FIELD.hi or view.ttft_ms)
+        self.sink.add([entry])
         self.counters["ttft_samples"] += 1
         if 0 < ctx.ttft_slo < ctx.ttft_ms:
             self.counters["ttft_slo_violations"] += 1

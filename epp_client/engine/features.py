@@ -1,0 +1,90 @@
+"""What the engine twin's TTFT is made of, for learning its step model.
+
+A twin step takes ``(fixed + per_token * tokens + per_context * context + decode * [decodes]
++ per_pair * pairs) / speed`` (:class:`~epp_client.engine.twin.StepModel`, ignoring its 0.1 ms
+floor). Given the twin's schedule (which requests get which chunks in which step: set by the
+token budget, not by the coefficients), the request's TTFT is then linear in the coefficients::
+
+    ttft_ms = (c . F) / speed
+
+where ``F`` sums, over the twin's steps from now until the step that gives the request its first
+token, the five quantities the coefficients multiply (:data:`FEATURES`, in the order of
+``features.schema.ENGINE_COEFFICIENTS``). :func:`step_features` computes ``F`` for a request
+placed on an endpoint's running set, from the same inputs as :func:`~epp_client.engine.twin.placement`
+(tests/test_engine_features.py checks ``c . F / speed`` against its TTFT for random states and
+coefficients). The EPP sends ``F`` with the request's TTFT training entry; the training server
+fits ``c`` per endpoint class and ``speed`` per endpoint (docs/plugins.md B2.9).
+
+The schedule depends on the coefficients only through the prefill under way at the head of the
+queue (how much of it is done by now, :func:`~epp_client.engine.twin._start`): ``F`` is computed
+with the step model the router uses for the endpoint. A plain step loop (once per dispatched
+request, not per candidate).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from epp_client.engine.twin import Running, StepModel, _start
+
+#: the sums, in the order of the step model's coefficients (features.schema.ENGINE_FEATURE_FIELDS)
+FEATURES = ("steps", "step_tokens", "step_context", "decode_steps", "prefill_pairs")
+
+
+class EngineView(NamedTuple):
+    """The twin's view of a request at dispatch on the endpoint it goes to: what its TTFT
+    training entry carries (the wire's ``engine_*`` fields)."""
+
+    endpoint: str
+    engine_class: str
+    features: tuple[float, float, float, float, float]
+    ttft_ms: float          # the twin's TTFT: coefficients . features / speed
+
+
+def twin_ttft(model: StepModel, features: tuple[float, ...]) -> float:
+    """``(c . F) / speed``: the twin's TTFT from its step sums (the step floor ignored)."""
+    c = (model.fixed_ms, model.per_token_ms, model.per_context_token_ms, model.decode_ms, model.per_prefill_pair_ms)
+    return sum(a * b for a, b in zip(c, features)) / model.speed
+
+
+def step_features(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int,
+                  cached_tokens: int, max_steps: int = 4000) -> tuple[float, float, float, float, float] | None:
+    """The five sums of the twin's steps from now until the first token of a request of
+    ``prompt_tokens`` (``cached_tokens`` of them cached) queued last on an endpoint running
+    ``running``; None when the twin gives it no first token within ``max_steps``."""
+    uncached = max(1, prompt_tokens - cached_tokens)
+    new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
+    st = _start(model, budget, (*running, new))
+    left, done, queue = st.left, st.done, st.queue
+    decodes, context = st.decodes, st.context
+    new_i = len(running)
+    head, n_queue = 0, len(queue)
+    steps = tokens_sum = context_sum = decode_steps = pairs_sum = 0.0
+    for _ in range(max_steps):
+        room = budget - decodes
+        tokens, pairs, ready = decodes, 0.0, []
+        j = head
+        while j < n_queue and room > 0:
+            i = queue[j]
+            n = max(1, min(left[i], room))
+            pairs += n * (done[i] + n / 2.0)
+            left[i] -= n
+            done[i] += n
+            room -= n
+            tokens += n
+            if left[i] <= 0:
+                ready.append(i)
+            j += 1
+        steps += 1
+        tokens_sum += tokens
+        context_sum += context
+        decode_steps += 1 if decodes else 0
+        pairs_sum += pairs
+        if new_i in ready:
+            return steps, tokens_sum, context_sum, decode_steps, pairs_sum
+        context += decodes
+        for i in ready:
+            decodes += 1
+            context += done[i] + 1
+        while head < n_queue and left[queue[head]] <= 0:
+            head += 1
+    return None

@@ -1,0 +1,81 @@
+"""The retrain worker's engine learning: refit the engine twin's step model from the stored
+engine rows, and get it served.
+
+Every worker cycle :meth:`EngineLearner.refit` fits the manifest's ``engine`` section
+(:func:`training_server.engine_fit.fit_engine`, over the newest ``max_rows`` stored rows with
+engine fields) once at least ``min_new`` such rows arrived since the last fit. A bundle the
+cycle publishes carries the newest section (:meth:`EngineLearner.extra`; the served bundle's
+when none was fitted since); when the cycle publishes none, the served models are republished
+with the new section (:meth:`EngineLearner.publish`), so the EPP's twin learns at the pace of
+its data, not of the latency models' retrains. Before the first learned bundle the section
+waits for it (the prior bundle is never republished).
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .engine_fit import MIN_CLASS_ROWS, MIN_ENDPOINT_ROWS, fit_engine
+
+if TYPE_CHECKING:
+    from features.loaded import LoadedBundle
+
+    from .registry import Registry
+    from .store import SampleStore
+
+log = logging.getLogger("training_server.engine")
+
+#: new engine rows that trigger a refit, and the newest rows a fit reads
+ENGINE_MIN_NEW = 50
+ENGINE_MAX_ROWS = 20_000
+
+
+class EngineLearner:
+    def __init__(self, store: SampleStore, *, min_new: int = ENGINE_MIN_NEW, max_rows: int = ENGINE_MAX_ROWS,
+                 min_class_rows: int = MIN_CLASS_ROWS, min_endpoint_rows: int = MIN_ENDPOINT_ROWS) -> None:
+        self.store = store
+        self.min_new, self.max_rows = min_new, max_rows
+        self.min_class_rows, self.min_endpoint_rows = min_class_rows, min_endpoint_rows
+        self.fitted_to = 0              # the newest row id the last fit read
+        self.section: dict[str, Any] | None = None
+        self.pending = False            # a section fitted since the served bundle
+        self.fits = 0
+
+    def refit(self) -> bool:
+        """Fit when ``min_new`` engine rows arrived since the last fit; True when a new section
+        waits to be served. Never raises (a failed fit keeps the last section)."""
+        try:
+            if self.store.engine_rows_after(self.fitted_to) < self.min_new:
+                return False
+            rows = self.store.read_engine_rows(self.max_rows)
+            self.fitted_to = int(rows.ids[-1]) if len(rows.ids) else self.fitted_to
+            section = fit_engine(rows.classes, rows.endpoints, rows.features, rows.ttft_ms,
+                                 min_class_rows=self.min_class_rows, min_endpoint_rows=self.min_endpoint_rows)
+        except Exception:
+            log.exception("engine fit failed")
+            return False
+        if section is None:
+            return False
+        self.section, self.pending = section, True
+        self.fits += 1
+        log.info("engine step model fitted on %d rows: %s", section["rows"], ", ".join(
+            f"{c} ({s['n_train']} rows, held-out error {s.get('heldout_error', float('nan')):.3f})"
+            for c, s in section["classes"].items()))
+        return True
+
+    def extra(self, served: LoadedBundle) -> dict[str, Any]:
+        """The ``engine`` key of a bundle about to be published: the newest section (then no
+        longer pending), else the served bundle's (none: no key)."""
+        if self.section is not None:
+            self.pending = False
+            return {"engine": self.section}
+        engine = served.manifest.engine
+        return {} if engine is None else {"engine": engine}
+
+    def publish(self, registry: Registry) -> LoadedBundle | None:
+        """Republish the served learned bundle with the pending section; None when nothing is
+        pending or no learned bundle is served."""
+        if not self.pending or not registry.is_learned:
+            return None
+        self.pending = False
+        return registry.publish(registry.served.manifest.updated(engine=self.section), registry.served_files())
