@@ -7,7 +7,7 @@ and pod shape), the five step sums ``F`` of the twin's schedule until its first 
 
 - the coefficients ``c`` (non-negative least squares on the *relative* error: each row divided by
   its ``y``, so a 20 ms TTFT weighs as much as a 20 s one), robustly: fit, drop the rows with the
-  largest ``trim`` share of residuals, fit again;
+  largest ``trim`` share of residuals, fit again, until the rows dropped no longer change;
 - a speed per endpoint with at least ``min_endpoint_rows`` rows: the median over its rows of
   ``(c . F) / y`` (predicted at speed 1 over measured); the speeds are then divided by their
   geometric mean and ``c`` by the same factor (the class's coefficients absorb the scale, so the
@@ -47,17 +47,22 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
-def _relative_fit(f: np.ndarray, y: np.ndarray, speed: np.ndarray, trim: float) -> np.ndarray:
+def _relative_fit(f: np.ndarray, y: np.ndarray, speed: np.ndarray, trim: float, refits: int = 10) -> np.ndarray:
     """``c`` minimising the squared relative error of ``(c . f) / speed`` against ``y``, refitted
-    without the rows of the largest ``trim`` share of residuals."""
+    without the rows of the largest ``trim`` share of residuals, each time with the residuals of
+    every row under the last fit, until the rows kept no longer change (at most ``refits`` times:
+    a first fit pulled by outliers does not decide which rows are kept)."""
     a = f / (speed * y)[:, None]
     ones = np.ones(len(y))
     c = _nnls(a, ones)
+    kept = None
     if trim > 0 and len(y) >= 10:
-        r = np.abs(a @ c - 1.0)
-        keep = r <= np.quantile(r, 1.0 - trim)
-        if keep.sum() >= a.shape[1]:
-            c = _nnls(a[keep], ones[keep])
+        for _ in range(refits):
+            r = np.abs(a @ c - 1.0)
+            keep = r <= np.quantile(r, 1.0 - trim)
+            if keep.sum() < a.shape[1] or (kept is not None and np.array_equal(keep, kept)):
+                break
+            c, kept = _nnls(a[keep], ones[keep]), keep
     return c
 
 

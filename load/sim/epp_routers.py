@@ -17,6 +17,8 @@ import json
 import random
 from typing import Any
 
+import numpy as np
+
 from epp_client.framework.loader import build_scheduler
 from epp_client.framework.profile import SchedulingProfile, default_profile
 from epp_client.framework.scheduler import Scheduler
@@ -54,6 +56,23 @@ PREDICTED_CONFIGS = {
 }
 
 
+#: the twin's TTFT error is also reported over the requests after this many
+TWIN_ERROR_AFTER = 1000
+
+
+def twin_error(errors: list[float]) -> dict:
+    """The engine twin's TTFT error for the chosen endpoint: the median of |twin TTFT at dispatch /
+    measured TTFT - 1| over the requests with a first token (``twin_ttft_error``), over the last
+    half of them and over those after the first ``TWIN_ERROR_AFTER``; none without the twin."""
+    if not errors:
+        return {}
+    out = {"twin_ttft_n": len(errors), "twin_ttft_error": float(np.median(errors)),
+           "twin_ttft_error_last_half": float(np.median(errors[len(errors) // 2:]))}
+    if len(errors) > TWIN_ERROR_AFTER:
+        out[f"twin_ttft_error_after_{TWIN_ERROR_AFTER}"] = float(np.median(errors[TWIN_ERROR_AFTER:]))
+    return out
+
+
 class _Sink:
     """Training-entry sink: forwards to the learner / reporter and optionally to a JSONL file."""
 
@@ -64,8 +83,13 @@ class _Sink:
         self.quantile = quantile
         # in-loop accuracy of what was predicted for the chosen endpoint: n, covered, |err|/actual, pinball
         self.acc = {"ttft": [0, 0, 0.0, 0.0], "tpot": [0, 0, 0.0, 0.0]}
+        #: per TTFT entry with the twin's view (in first-token order): |twin TTFT / measured - 1|
+        self.twin_errors: list[float] = []
 
     def _score(self, e: dict) -> None:
+        twin, y = e.get("engine_ttft_ms", 0) or 0, e.get("actual_ttft_ms", 0) or 0
+        if twin > 0 and y > 0:
+            self.twin_errors.append(abs(twin / y - 1.0))
         q = self.quantile
         for t in ("ttft", "tpot"):
             y, p = e.get(f"actual_{t}_ms", 0) or 0, e.get(f"predicted_{t}_ms", 0) or 0
@@ -84,7 +108,7 @@ class _Sink:
                 out[f"{t}_pred_coverage"] = cov / n
                 out[f"{t}_pred_mape"] = ape / n
                 out[f"{t}_pred_pinball_ms"] = pin / n
-        return out
+        return out | twin_error(self.twin_errors)
 
     def add(self, entries: list[dict]) -> None:
         self.entries += len(entries)
