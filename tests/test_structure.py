@@ -260,6 +260,7 @@ COVERED_BY = {
     "training_server.evaluate_report": "test_quality_evaluate.py",
     "training_server.registry": "test_training_lineage.py",
     "training_server.worker": "test_training_publish.py",
+    "training_server.gate": "test_training_publish.py",
     "training_server.correction": "test_quality_drift.py",
 }
 

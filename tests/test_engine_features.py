@@ -1,0 +1,112 @@
+"""The engine twin's TTFT is its step coefficients over the step sums the EPP reports
+(epp_client.engine.features), and the decode-harm filter reports them at dispatch through the
+producer's TTFT training entry."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from epp_client.engine.features import step_features, twin_ttft
+from epp_client.engine.twin import Running, StepModel, placement
+from epp_client.framework.loader import build_scheduler
+from epp_client.training import ListSink
+from epp_client.types import Endpoint, InferenceRequest
+from features.schema import parse_training_entry
+
+
+def random_state(rng: random.Random) -> tuple[int, tuple[Running, ...], int, int]:
+    budget = rng.choice([256, 512, 2048, 8192])
+    running = []
+    for _ in range(rng.randint(0, 40)):
+        if rng.random() < 0.7:   # decoding
+            tokens, ctx = rng.randint(1, 500), rng.randint(10, 5000)
+            running.append(Running(rng.uniform(0, 20000), tokens, rng.choice([0.0, 50.0]), ctx + tokens))
+        else:                    # still to prefill, maybe under way at the head of the queue
+            p = rng.randint(1, 9000)
+            running.append(Running(0.0, 0, rng.choice([0.0, 50.0]), p + rng.randint(0, 3000), p,
+                                   rng.choice([0.0, rng.uniform(0, 500)])))
+    prompt = rng.randint(1, 20000)
+    return budget, tuple(running), prompt, rng.randint(0, prompt)
+
+
+def test_the_twins_ttft_is_the_coefficients_over_its_step_sums():
+    """c . F / speed is the twin's own TTFT (placement) for random states and random step models:
+    the sums the EPP reports and the twin it routes with can never drift apart."""
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(600):
+        m = StepModel(rng.uniform(0.5, 10), rng.uniform(0, 0.2), rng.uniform(0, 3e-4), rng.uniform(0, 15),
+                      rng.uniform(0, 1e-5), rng.uniform(0.3, 3))     # fixed >= 0.5 ms: the 0.1 ms floor never binds
+        budget, running, prompt, cached = random_state(rng)
+        f = step_features(m, budget, running, prompt, cached)
+        o = placement(m, budget, running, prompt, cached)
+        assert f is not None and math.isfinite(o.ttft_ms)
+        assert twin_ttft(m, f) == pytest.approx(o.ttft_ms, rel=1e-9)
+        assert f[0] >= 1 and f[3] <= f[0] and min(f) >= 0
+        checked += 1
+    assert checked == 600
+
+
+def test_no_first_token_within_max_steps_gives_no_sums():
+    m = StepModel()
+    running = tuple(Running(0.0, 5, 0.0, 100) for _ in range(64))   # 64 decodes fill a 64-token budget
+    assert step_features(m, 64, running, 1000, 0, max_steps=50) is None
+    assert placement(m, 64, running, 1000, 0, max_steps=50).ttft_ms == math.inf
+
+CONFIG = """
+plugins:
+- type: predicted-latency-producer
+  parameters: {streamingMode: true}
+- type: decode-harm-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: decode-harm-filter
+  - pluginRef: max-score-picker
+"""
+
+
+class FixedPredictor:
+    def predict_bulk(self, rows):
+        from epp_client.predictor import BulkPrediction
+
+        return BulkPrediction([100.0] * len(rows), [20.0] * len(rows), "v1", "learned")
+
+    async def apredict_bulk(self, rows):
+        return self.predict_bulk(rows)
+
+
+def test_the_ttft_entry_carries_the_twins_view_at_dispatch():
+    """Through a real scheduler: the decode-harm filter computes the step sums on the picked
+    endpoint at dispatch (with requests already running there), the producer sends them with the
+    TTFT entry (the TPOT entry has none), and c . F / speed is the twin's TTFT it reports."""
+    sink = ListSink()
+    clock = [0.0]
+    sched = build_scheduler(CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
+                            wall_clock=lambda: 1e9 + clock[0])
+    eps = [Endpoint(name="pod-a", labels={"llm-d.ai/accelerator": "a100"})]
+    for i in range(3):
+        req = InferenceRequest(request_id=f"r{i}", input_tokens=800 + 100 * i, streaming=True,
+                               headers={"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "50"})
+        res = sched.schedule(req, eps, now=clock[0])
+        assert res.ok
+        sched.pre_request(req, res, now=clock[0])
+        assert req.engine_view is None          # consumed by the producer
+        clock[0] += 0.01
+    for i in range(3):
+        sched.on_first_chunk(f"r{i}", now=clock[0] + 0.2, tokens=1)
+        sched.on_chunk(f"r{i}", now=clock[0] + 0.3, tokens=1)
+        sched.on_complete(f"r{i}", now=clock[0] + 0.4)
+    ttft = [e for e in sink.entries if e["actual_ttft_ms"] > 0]
+    tpot = [e for e in sink.entries if e["actual_tpot_ms"] > 0]
+    assert len(ttft) == 3 and tpot and not any("engine_steps" in e for e in tpot)
+    for e in ttft:
+        parsed = parse_training_entry(e).engine
+        assert parsed is not None and parsed.endpoint == "pod-a" and parsed.engine_class == "-|a100"
+        assert e["engine_ttft_ms"] == pytest.approx(twin_ttft(StepModel(), parsed.features), rel=1e-12)
+    # the third request queued behind two prefills it was dispatched after: more steps, more tokens
+    assert ttft[2]["engine_step_tokens"] > ttft[0]["engine_step_tokens"]

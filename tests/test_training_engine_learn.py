@@ -1,0 +1,56 @@
+"""The retrain worker's engine learning (training_server.engine_learn), through the training
+service in process: the engine section is fitted as the engine rows arrive, waits for the first
+learned bundle, goes out with it, and later refits republish the served models with the new
+section without a retrain (the same model files); entries without the engine fields fit nothing."""
+from __future__ import annotations
+
+import pytest
+
+from load.data import load_entries
+from support.engine import SPEEDS, with_engine_fields
+from training_server.service import TrainingService
+from training_server.settings import Settings
+
+
+@pytest.fixture
+def svc(tmp_path):
+    service = TrainingService(Settings.from_env({}, data_dir=str(tmp_path), retraining_interval_sec=60,
+                                                min_samples_for_retrain=1000))
+    service.start(run_worker=False)
+    yield service
+    service.stop()
+
+
+def models_of(svc: TrainingService) -> dict:
+    return {t: spec.sha256 for t, spec in svc.registry.served.manifest.models.items()}
+
+
+def test_the_engine_section_waits_for_a_learned_bundle_then_follows_its_rows(svc):
+    entries = with_engine_fields(load_entries())
+    plain = [{k: v for k, v in e.items() if not k.startswith("engine_")} for e in entries]
+    svc.ingest(entries[:300]).result(30)
+    report = svc.run_cycle()                  # 300 rows < 1000: no retrain; the engine is fitted
+    assert report.outcome == "skipped" and svc.worker.engine.pending
+    assert svc.registry.served.source == "prior" and svc.registry.served.manifest.engine is None
+
+    svc.ingest(entries[300:2000]).result(30)
+    report = svc.run_cycle()
+    assert report.outcome == "published"
+    first = svc.registry.served.manifest.engine
+    assert first is not None and not svc.worker.engine.pending
+    n_first = first["classes"]["llama|a100"]["n_train"]
+    models, version = models_of(svc), svc.registry.served.version
+
+    svc.ingest(entries[2000:2400]).result(30)   # 400 new rows: no retrain, a refit
+    report = svc.run_cycle()
+    assert report.outcome == "engine" and report.version == svc.registry.served.version != version
+    assert models_of(svc) == models                  # the served models, republished with the new section
+    engine = svc.registry.served.manifest.engine
+    assert engine["classes"]["llama|a100"]["n_train"] > n_first
+    speeds = {e: v["speed"] for e, v in engine["classes"]["llama|a100"]["endpoints"].items()}
+    assert speeds["pod-2"] / speeds["pod-0"] == pytest.approx(SPEEDS["pod-2"], rel=0.05)
+
+    svc.ingest(plain[2400:2900]).result(30)     # llm-d's entries: stored, nothing to refit
+    report = svc.run_cycle()
+    assert report.outcome == "skipped" and not svc.worker.engine.pending
+    assert models_of(svc) == models and svc.registry.served.manifest.engine == engine
