@@ -115,6 +115,8 @@ class LearnedTwin(TwinEngine):
         pred = endpoint.prediction
         if pred is None:
             raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
-        model = self.models.for_endpoint(self.class_of(endpoint), endpoint.name)
+        models = self.models
+        model = models.prior if models.learned is None else models.for_endpoint(self.class_of(endpoint),
+                                                                                  endpoint.name)
         return placement(model, self.budget, pred.running_decodes(), prompt, cached, self.probe, self.max_steps,
                          self.decode_cache)
