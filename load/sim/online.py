@@ -129,7 +129,19 @@ class OnlineLearner:
             "recalibrations": worker.recalibrations,
             "live_factor_ttft": worker.live_factor.get("ttft", 1.0),
             "live_factor_tpot": worker.live_factor.get("tpot", 1.0),
-        }
+            "engine_fits": worker.engine.fits,
+        } | self._engine()
+
+    def _engine(self) -> dict:
+        """The served engine section in brief: per class its held-out error and rows, and per
+        endpoint its learned speed (relative to its class)."""
+        engine = self.service.registry.served.manifest.engine
+        if engine is None:
+            return {}
+        classes = engine["classes"]
+        return {"engine_heldout_error": {c: s.get("heldout_error") for c, s in classes.items()},
+                "engine_rows": {c: s["n_train"] + s["n_heldout"] for c, s in classes.items()},
+                "engine_speeds": {e: v["speed"] for s in classes.values() for e, v in s["endpoints"].items()}}
 
     def close(self) -> None:
         try:

@@ -43,7 +43,10 @@ endpoint whose running requests are late already, and it would wait behind them.
 :class:`~epp_client.types.ShedRequest`, a 429 ``shed-slo-unreachable``.
 
 The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`; the ``step*``
-parameters are the router's prior, ``engineSpeed`` divides them all). The twin is the plugins'
+parameters are the router's prior, ``engineSpeed`` divides them all). With ``learnEngine`` each
+endpoint is stepped with the step model the training server learned, once served (its class's
+coefficients, its own speed: :mod:`epp_client.engine.learned`), from the twin's view of each
+dispatched request that :meth:`DecodeHarmCount.pre_request` hands the producer's TTFT entry. The twin is the plugins'
 :class:`EngineModel`, their one view of an engine: a reference that knows the engine (the
 simulator's ``--true-harm``) replaces it with :meth:`DecodeHarmCount.use_engine_model`.
 
