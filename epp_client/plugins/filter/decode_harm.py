@@ -46,9 +46,10 @@ The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`
 parameters are the router's prior, ``engineSpeed`` divides them all). With ``learnEngine`` each
 endpoint is stepped with the step model the training server learned, once served (its class's
 coefficients, its own speed: :mod:`epp_client.engine.learned`), from the twin's view of each
-dispatched request that :meth:`DecodeHarmCount.pre_request` hands the producer's TTFT entry. The twin is the plugins'
-:class:`EngineModel`, their one view of an engine: a reference that knows the engine (the
-simulator's ``--true-harm``) replaces it with :meth:`DecodeHarmCount.use_engine_model`.
+dispatched request that :meth:`DecodeHarmCount.pre_request` hands the producer's TTFT entry.
+The twin is the plugins' :class:`EngineModel`, their one view of an engine: a reference that
+knows the engine (the simulator's ``--true-harm``) replaces it with
+:meth:`DecodeHarmCount.use_engine_model`.
 
 The filter keeps the endpoints with the lowest count (order preserved; endpoints without a
 prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 without a prediction.
