@@ -1,7 +1,8 @@
 """The retrain worker's engine learning (training_server.engine_learn), through the training
 service in process: the engine section is fitted as the engine rows arrive, waits for the first
 learned bundle, goes out with it, and later refits republish the served models with the new
-section without a retrain (the same model files); entries without the engine fields fit nothing."""
+section without a retrain (the same model files), once a quarter of the rows fitted last have
+arrived; entries without the engine fields fit nothing."""
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,9 @@ def test_the_engine_section_waits_for_a_learned_bundle_then_follows_its_rows(svc
     n_first = first["classes"]["llama|a100"]["n_train"]
     models, version = models_of(svc), svc.registry.served.version
 
-    svc.ingest(entries[2000:2400]).result(30)   # 400 new rows: no retrain, a refit
+    svc.ingest(entries[2000:2200]).result(30)   # about 100 new engine rows: under a quarter of those fitted
+    assert svc.run_cycle().outcome == "skipped" and not svc.worker.engine.pending
+    svc.ingest(entries[2200:2800]).result(30)   # enough: no retrain (800 < 1000 new rows), a refit
     report = svc.run_cycle()
     assert report.outcome == "engine" and report.version == svc.registry.served.version != version
     assert models_of(svc) == models                  # the served models, republished with the new section
@@ -50,7 +53,8 @@ def test_the_engine_section_waits_for_a_learned_bundle_then_follows_its_rows(svc
     speeds = {e: v["speed"] for e, v in engine["classes"]["llama|a100"]["endpoints"].items()}
     assert speeds["pod-2"] / speeds["pod-0"] == pytest.approx(SPEEDS["pod-2"], rel=0.05)
 
-    svc.ingest(plain[2400:2900]).result(30)     # llm-d's entries: stored, nothing to refit
+    svc.ingest(plain[2800:2950]).result(30)     # llm-d's entries: stored, nothing to refit
+    assert svc.store.engine_rows_after(svc.worker.engine.fitted_to) == 0 and svc.store.rows == 2950
     report = svc.run_cycle()
     assert report.outcome == "skipped" and not svc.worker.engine.pending
     assert models_of(svc) == models and svc.registry.served.manifest.engine == engine

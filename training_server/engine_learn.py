@@ -3,7 +3,9 @@ engine rows, and get it served.
 
 Every worker cycle :meth:`EngineLearner.refit` fits the manifest's ``engine`` section
 (:func:`training_server.engine_fit.fit_engine`, over the newest ``max_rows`` stored rows with
-engine fields) once at least ``min_new`` such rows arrived since the last fit. A bundle the
+engine fields) once enough such rows arrived since the last fit: ``min_new``, and a quarter of
+the rows the last fit read (``growth``): often while it learns, every 5,000 rows at most once it
+reads ``max_rows``, so a busy server does not publish a bundle every cycle. A bundle the
 cycle publishes carries the newest section (:meth:`EngineLearner.extra`; the served bundle's
 when none was fitted since); when the cycle publishes none, the served models are republished
 with the new section (:meth:`EngineLearner.publish`), so the EPP's twin learns at the pace of
@@ -25,30 +27,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("training_server.engine")
 
-#: new engine rows that trigger a refit, and the newest rows a fit reads
+#: new engine rows that trigger a refit (and that share of the rows the last fit read), and the
+#: newest rows a fit reads
 ENGINE_MIN_NEW = 50
+ENGINE_GROWTH = 0.25
 ENGINE_MAX_ROWS = 20_000
 
 
 class EngineLearner:
-    def __init__(self, store: SampleStore, *, min_new: int = ENGINE_MIN_NEW, max_rows: int = ENGINE_MAX_ROWS,
-                 min_class_rows: int = MIN_CLASS_ROWS, min_endpoint_rows: int = MIN_ENDPOINT_ROWS) -> None:
+    def __init__(self, store: SampleStore, *, min_new: int = ENGINE_MIN_NEW, growth: float = ENGINE_GROWTH,
+                 max_rows: int = ENGINE_MAX_ROWS, min_class_rows: int = MIN_CLASS_ROWS,
+                 min_endpoint_rows: int = MIN_ENDPOINT_ROWS) -> None:
         self.store = store
-        self.min_new, self.max_rows = min_new, max_rows
+        self.min_new, self.growth, self.max_rows = min_new, growth, max_rows
         self.min_class_rows, self.min_endpoint_rows = min_class_rows, min_endpoint_rows
         self.fitted_to = 0              # the newest row id the last fit read
+        self.rows_read = 0              # how many rows it read
         self.section: dict[str, Any] | None = None
         self.pending = False            # a section fitted since the served bundle
         self.fits = 0
 
     def refit(self) -> bool:
-        """Fit when ``min_new`` engine rows arrived since the last fit; True when a new section
-        waits to be served. Never raises (a failed fit keeps the last section)."""
+        """Fit when enough engine rows arrived since the last fit (see the module docstring);
+        True when a new section waits to be served. Never raises (a failed fit keeps the last
+        section)."""
         try:
-            if self.store.engine_rows_after(self.fitted_to) < self.min_new:
+            need = max(self.min_new, int(self.growth * self.rows_read))
+            if self.store.engine_rows_after(self.fitted_to) < need:
                 return False
             rows = self.store.read_engine_rows(self.max_rows)
             self.fitted_to = int(rows.ids[-1]) if len(rows.ids) else self.fitted_to
+            self.rows_read = len(rows.ids)
             section = fit_engine(rows.classes, rows.endpoints, rows.features, rows.ttft_ms,
                                  min_class_rows=self.min_class_rows, min_endpoint_rows=self.min_endpoint_rows)
         except Exception:

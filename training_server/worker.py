@@ -242,7 +242,10 @@ class RetrainWorker:
         need, why = self.threshold()
         if self.new_samples < need:
             self.metrics.retrain_skips.inc()
-            return self._publish_engine() or CycleReport("skipped", f"{self.new_samples} new samples < {need}")
+            engine = self._publish_engine()
+            if engine is not None:
+                self.last = engine
+            return engine or CycleReport("skipped", f"{self.new_samples} new samples < {need}")
         if why:
             log.info("retraining early: %s", why)
         self.cycles += 1
@@ -260,8 +263,11 @@ class RetrainWorker:
             self.metrics.retrains.labels(report.outcome).inc()
             self.metrics.retrain_seconds.observe(report.seconds)
         log.info("retrain cycle: %s (%s) in %.2fs", report.outcome, report.reason, report.seconds)
+        engine = self._publish_engine()   # a cycle that published none: the served models with it
+        if engine is not None:
+            report.reason += f"; {engine.reason} ({engine.version})"
         self.last = report
-        return self._publish_engine() or report
+        return report
 
     def _publish_engine(self) -> CycleReport | None:
         """Serve a newly fitted engine section with the served models (:mod:`.engine_learn`)."""
@@ -274,8 +280,7 @@ class RetrainWorker:
             return None
         self.metrics.set_served(bundle.version, bundle.source, bundle.loaded_at)
         self.correction.published({}, bundle.version)
-        self.last = CycleReport("engine", "engine step model refitted", version=bundle.version)
-        return self.last
+        return CycleReport("engine", "engine step model republished with the served models", version=bundle.version)
 
     def _cycle(self) -> CycleReport:
         # whatever happens next (even a failure), this data has been considered: no
