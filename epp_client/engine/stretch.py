@@ -7,6 +7,7 @@ twin's general step, to the last bit (tests/test_twin_exact.py).
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,10 +25,7 @@ def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: i
     if n <= 0:
         return t, 0
     if cache is not None and until_ms is not None:
-        times = cache.times(model, decodes, context, t, n, until_ms)
-        hi = min(n, len(times))
-        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
-        return times[k], k + 1
+        return cache.end(model, decodes, context, t, n, until_ms)
     base = model.fixed_ms + model.per_token_ms * decodes
     per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
     zero = model.per_prefill_pair_ms * 0.0
@@ -45,24 +43,38 @@ def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: i
 class DecodeCache:
     """The times of decode-only stretches already stepped, per start (step model, decodes,
     context, time): while an endpoint's running requests do not change, every decision's run
-    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
+    without the request steps the same stretch. Bounded: past ``size`` stretches, the oldest
+    quarter is dropped."""
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
         self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
 
+    def end(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
+            ) -> tuple[float, int]:
+        """:func:`_decode_steps` with ``until_ms`` read from the stretch's times: (time reached, steps)."""
+        entry = self._runs.get((id(model), decodes, context, t))
+        times = entry[1] if entry is not None and entry[0] is model else None
+        if times is None or (len(times) < n and (not times or times[-1] < until_ms)):
+            times = self.times(model, decodes, context, t, n, until_ms)
+        hi = min(n, len(times))
+        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
+        return times[k], k + 1
+
     def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
         """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them."""
+        ``until_ms`` or ``n`` of them (stepped a quarter further than ``until_ms`` when stepped)."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
-            if len(self._runs) >= self.size:
-                self._runs.clear()
+            if len(self._runs) >= self.size:     # the oldest quarter goes (stretches of states gone by)
+                for old in list(islice(self._runs, max(1, self.size // 4))):
+                    del self._runs[old]
             entry = (model, [])
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not times or times[-1] < until_ms):
+            until_ms += (until_ms - t) / 4    # a quarter further: the next request's run ends near this one's
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0

@@ -175,13 +175,16 @@ class DecodeHarmCount(Plugin):
         """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
         prompt = max(0, int(request.input_tokens))
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
-        placement = self.engine_model.placement
+        judged = [e for e in endpoints if e.prediction is not None]
+        cached = [prompt - uncached_prompt_tokens(e, prompt) for e in judged]
+        placements = getattr(self.engine_model, "placements", None)   # all at once, where the model can
+        if placements is not None:
+            outcomes = placements(request, judged, prompt, cached)
+        else:
+            placement = self.engine_model.placement
+            outcomes = [placement(request, e, prompt, c) for e, c in zip(judged, cached)]
         out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
-        for e in endpoints:
-            if e.prediction is None:
-                continue
-            cached = prompt - uncached_prompt_tokens(e, prompt)
-            o = placement(request, e, prompt, cached)
+        for e, o in zip(judged, outcomes):
             late = _lateness(ttft_slo, tpot_slo, o)
             own = 0.0
             if self.own_miss and late > 1.0:

@@ -38,6 +38,7 @@ from epp_client.framework.registry import plugin
 from epp_client.plugins.producer.debug_state import dump_state
 from epp_client.plugins.producer.predictions import apply_predictions
 from epp_client.plugins.producer.request_state import ContextCache, RequestContext, RunningQueue
+from epp_client.plugins.producer.running_columns import LazyView, RunningColumns
 from epp_client.plugins.producer.samples import SampleEmitter, feature_rows, rows_for_predictor
 from epp_client.plugins.producer.twin_view import running_on
 from epp_client.predictor import BulkPrediction
@@ -72,7 +73,8 @@ class PredictedLatencyProducer(Plugin):
     max_contexts: int = 100_000
 
     def setup(self) -> None:
-        self.running = RunningQueue()
+        self._columns = RunningColumns() if self.streaming_mode else None
+        self.running = RunningQueue(self._columns)
         self._cache = ContextCache(self.running, self.context_ttl, self.max_contexts)
         self._first_token_at: dict[str, float] = {}   # endpoint -> when a request there last had its first token
         self._counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
@@ -116,7 +118,8 @@ class PredictedLatencyProducer(Plugin):
         self._counters["predictions"] += 1
         apply_predictions(ctx, endpoints, result, now, running=self.running, streaming_mode=self.streaming_mode,
                           endpoint_role_label=self.endpoint_role_label, slo_buffer_factor=self.slo_buffer_factor,
-                          decoding=self.decoding)
+                          decoding=self.decoding,
+                          decoding_columns=LazyView(self._columns, now) if self._columns is not None else None)
 
     def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
         now = self.clock() if now is None else now
@@ -163,6 +166,8 @@ class PredictedLatencyProducer(Plugin):
         ctx.uncached = 0 if ctx.prefill_target is not None else uncached_prompt_tokens(primary, ctx.input_tokens)
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
+            if self._columns is not None:
+                self._columns.sync(ctx)
 
     # -- ResponseBody -----------------------------------------------------------------
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
@@ -184,8 +189,10 @@ class PredictedLatencyProducer(Plugin):
             self._samples.ttft(ctx)
             if ctx.ttft_ms == 0:
                 ctx.ttft_ms = 1e-9  # measured (sub-ms): later chunks are not first chunks
-            return
-        ctx.chunks += 1
+        else:
+            ctx.chunks += 1
+        if self._columns is not None:
+            self._columns.sync(ctx)
 
     def _count(self, ctx: RequestContext, tokens: int | None) -> None:
         if tokens is None:
