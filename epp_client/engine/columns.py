@@ -38,9 +38,10 @@ class DecodingView:
     slo: np.ndarray
     endpoint: np.ndarray
 
-    def over_counts(self, judged: list[tuple[int, float, int, float, int]]) -> list[int]:
-        """Per ``(position, t, steps, t0, steps0)``: how many of the endpoint's requests are over
-        their TPOT SLO at ``t`` after ``steps`` steps (the run with the request) and not at
+    def over_counts(self, judged: list[tuple[int, tuple[float, float, float, int, float, int]]]) -> list[int]:
+        """Per ``(position, runs)`` (``runs``: :func:`epp_client.engine.twin._decoding_runs`, its
+        last four: ``t``, ``steps``, ``t0``, ``steps0``): how many of the endpoint's requests are
+        over their TPOT SLO at ``t`` after ``steps`` steps (the run with the request) and not at
         ``t0`` after ``steps0`` (the run without it), at least 0 (the count of
         :func:`epp_client.engine.twin._all_decoding`, the same operations per request: the step
         counts are whole numbers, exact in a float)."""
@@ -48,8 +49,8 @@ class DecodingView:
             return []
         size = self.size
         t, t0, steps, steps0 = [0.0] * size, [0.0] * size, [1] * size, [1] * size   # not judged: any divisor but 0
-        for i, ti, si, t0i, s0i in judged:
-            t[i], steps[i], t0[i], steps0[i] = ti, si, t0i, s0i
+        for i, runs in judged:
+            _, _, t[i], steps[i], t0[i], steps0[i] = runs
         at = np.array((t, t0, steps, steps0), dtype=np.float64).take(self.endpoint, axis=1)   # per slot
         at[:2] += self.decode_ms
         at[2:] += self.after_first
@@ -57,4 +58,4 @@ class DecodingView:
         over = at[:2] > self.slo
         flips = over[0].view(np.int8) - over[1].view(np.int8)
         harm = np.bincount(self.endpoint, weights=flips, minlength=size).tolist()
-        return [max(0, int(harm[j[0]])) for j in judged]
+        return [int(h) if h > 0 else 0 for h in (harm[j[0]] for j in judged)]

@@ -321,7 +321,7 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
     ``max_steps`` or there is no room for a prefill. The request is alone in the queue, so the
     run without it parts at the start (time 0) and is one decode-only stretch."""
     room = budget - decodes
-    left, done = uncached, max(prompt_tokens, uncached) - uncached
+    left, done = uncached, (prompt_tokens if prompt_tokens > uncached else uncached) - uncached
     if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
         return None
     ctx0 = context
@@ -341,7 +341,7 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
         left -= n
         done += n
         ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
-        t += max(ms, 0.1) / speed
+        t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
         steps += 1
         context += decodes
     tf, sf = t, steps
@@ -384,8 +384,8 @@ class TwinEngine:
         (``LatencyPrediction.decoding_columns``) and the SLO counts of all such endpoints are a
         few array operations (:meth:`DecodingView.over_counts`); elsewhere :meth:`placement`."""
         out: list[Outcome | None] = [None] * len(endpoints)
-        runs: list[tuple[int, float, float]] = []
-        judged: list[tuple[int, float, int, float, int]] = []
+        runs: list[tuple[int, tuple[float, float, float, int, float, int]]] = []    # (position in endpoints, runs)
+        judged: list[tuple[int, tuple[float, float, float, int, float, int]]] = []  # (position in the view, runs)
         columns = view = None
         model, budget, probe, max_steps, cache = self.step_model, self.budget, self.probe, self.max_steps, \
             self.decode_cache
@@ -397,14 +397,17 @@ class TwinEngine:
                     view = columns()
                     index, size, general, decodes, context = view.index, view.size, view.general, view.decodes, \
                         view.context
+                    taken = [False] * size    # an endpoint named twice: the second by placement
                 if pred.decoding_columns is columns:
                     i = index.get(e.name, size)
-                    if i < size and not general[i] and decodes[i]:
-                        r = _decoding_runs(model, budget, decodes[i], context[i], prompt, max(1, prompt - cached[j]),
-                                           probe, max_steps, cache)
+                    if i < size and not general[i] and decodes[i] and not taken[i]:
+                        taken[i] = True
+                        u = prompt - cached[j]
+                        r = _decoding_runs(model, budget, decodes[i], context[i], prompt, u if u > 1 else 1, probe,
+                                           max_steps, cache)
                         if r is not None:
                             runs.append((j, r))
-                            judged.append((i, r[2], r[3], r[4], r[5]))
+                            judged.append((i, r))
                             continue
             out[j] = self.placement(request, e, prompt, cached[j])
         if view is not None:
