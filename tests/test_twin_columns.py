@@ -101,9 +101,11 @@ def test_every_decision_judged_from_the_columns_is_the_per_request_views_to_the_
                 live[rid] += k
         if clock.t > 1_000.0 + 25.0 * (1 + n // 500):   # now and then, contexts expire (contextTTL)
             live = {r: k for r, k in live.items() if r in prod._cache.contexts}
-        f, h = _judge(prod, twin, rng, n)
-        fast += f
-        harmed += h
+        if n >= 200:        # the columns are built at the first decision that reads them, then kept
+            assert (prod._columns is None) == (n == 200)
+            f, h = _judge(prod, twin, rng, n)
+            fast += f
+            harmed += h
     assert fast > 1_000 and harmed > 300     # the columns judged most endpoints, and the counts were not all 0
 
 
@@ -111,29 +113,39 @@ def test_the_columns_follow_an_endpoints_running_requests_from_dispatch_to_compl
     clock = Clock(50.0)
     prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
     eps = [Endpoint(name="a", metrics=EndpointMetrics(0.2, 0, 0))]
-    cols = prod._columns
     for rid in ("x", "y"):
         req = InferenceRequest(request_id=rid, headers={"x-llm-d-slo-tpot-ms": "20"}, input_tokens=1_000)
         prod.produce(req, eps)
         prod.pre_request(req, eps[0])
-    view = cols.view(clock())
+    view = prod.decoding_columns(clock())
     assert (view.general, view.decodes) == ([2], [0])      # both prefilling: judged per request
     clock.t = 50.2
     prod.on_first_chunk("x", tokens=1)
     prod.on_first_chunk("y", tokens=1)
     clock.t = 50.5
     prod.on_chunk("x", tokens=9)
-    view = cols.view(clock())
+    view = prod.decoding_columns(clock())
     assert (view.general, view.decodes, view.context) == ([0], [2], [2_011.0])
     live = view.slo < float("inf")
     assert sorted(zip(view.decode_ms[live].tolist(), view.after_first[live].tolist())) == \
         [(300.0, 0), (300.0, 9)]
     prod.on_chunk("y")                                      # a chunk without a count: paced, per request
-    assert cols.view(clock()).general == [1]
+    assert prod.decoding_columns(clock()).general == [1]
     prod.on_complete("y")
-    view = cols.view(clock())
+    view = prod.decoding_columns(clock())
     assert (view.general, view.decodes, view.context) == ([0], [1], [1_010.0])
     prod.on_complete("x")
-    view = cols.view(clock())
+    view = prod.decoding_columns(clock())
     assert (view.general, view.decodes, view.context) == ([0], [0], [0.0])
     assert not (view.slo < float("inf")).any()
+
+
+def test_a_producer_whose_decisions_never_read_the_columns_does_not_keep_them():
+    clock = Clock(50.0)
+    prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
+    eps = [Endpoint(name="a", metrics=EndpointMetrics(0.2, 0, 0))]
+    req = InferenceRequest(request_id="x", input_tokens=1_000)
+    prod.produce(req, eps)
+    prod.pre_request(req, eps[0])
+    prod.on_first_chunk("x", tokens=1)
+    assert prod._columns is None and prod.running.columns is None

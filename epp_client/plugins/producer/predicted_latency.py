@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
 from typing import Any
 
+from epp_client.engine.columns import DecodingView
 from epp_client.engine.twin import Running
 from epp_client.framework.params import Plugin, gt, param
 from epp_client.framework.protocols import Producer
@@ -73,8 +74,8 @@ class PredictedLatencyProducer(Plugin):
     max_contexts: int = 100_000
 
     def setup(self) -> None:
-        self._columns = RunningColumns() if self.streaming_mode else None
-        self.running = RunningQueue(self._columns)
+        self._columns: RunningColumns | None = None     # kept from the first decision that reads them
+        self.running = RunningQueue()
         self._cache = ContextCache(self.running, self.context_ttl, self.max_contexts)
         self._first_token_at: dict[str, float] = {}   # endpoint -> when a request there last had its first token
         self._counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
@@ -110,6 +111,22 @@ class PredictedLatencyProducer(Plugin):
         """The twin's view of ``endpoint`` at ``now`` (:func:`.twin_view.running_on`)."""
         return running_on(endpoint, now, self.running, self._cache.contexts, self._first_token_at)
 
+    def decoding_columns(self, now: float) -> DecodingView:
+        """Every endpoint's view at ``now`` as columns (:class:`.running_columns.RunningColumns`),
+        kept from the first call on (a configuration without a plugin reading them pays nothing)."""
+        cols = self._columns
+        if cols is None:
+            cols = self._columns = RunningColumns()
+            contexts = self._cache.contexts
+            for endpoint in self.running.endpoints():
+                for rid, slo in self.running.requests(endpoint).items():
+                    cols.add(endpoint, rid, slo)
+                    ctx = contexts.get(rid)
+                    if ctx is not None:
+                        cols.sync(ctx)
+            self.running.columns = cols
+        return cols.view(now)
+
     def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None,
                now: float) -> None:
         if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
@@ -119,7 +136,7 @@ class PredictedLatencyProducer(Plugin):
         apply_predictions(ctx, endpoints, result, now, running=self.running, streaming_mode=self.streaming_mode,
                           endpoint_role_label=self.endpoint_role_label, slo_buffer_factor=self.slo_buffer_factor,
                           decoding=self.decoding,
-                          decoding_columns=LazyView(self._columns, now) if self._columns is not None else None)
+                          decoding_columns=LazyView(self.decoding_columns, now) if self.streaming_mode else None)
 
     def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
         now = self.clock() if now is None else now

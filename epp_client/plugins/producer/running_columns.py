@@ -6,6 +6,7 @@ operations (:class:`epp_client.engine.columns.DecodingView`) rather than one pas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,14 +120,14 @@ class RunningColumns:
 
 
 class LazyView:
-    """One decision's :meth:`RunningColumns.view`, computed on first use and shared by its candidates."""
+    """One decision's view (``make(now)``), computed on first use and shared by its candidates."""
 
-    __slots__ = ("_columns", "_now", "_view")
+    __slots__ = ("_make", "_now", "_view")
 
-    def __init__(self, columns: RunningColumns, now: float) -> None:
-        self._columns, self._now, self._view = columns, now, None
+    def __init__(self, make: Callable[[float], DecodingView], now: float) -> None:
+        self._make, self._now, self._view = make, now, None
 
     def __call__(self) -> DecodingView:
         if self._view is None:
-            self._view = self._columns.view(self._now)
+            self._view = self._make(self._now)
         return self._view
