@@ -276,8 +276,15 @@ class DecodeHarmFilter(DecodeHarmCount):
         raise :class:`ShedRequest` for a sheddable request with ``shedWhenHopeless``, or, with
         ``hopelessPlacement: least-late``, the endpoints where it is least late."""
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
-        late = {name: _lateness(ttft_slo, tpot_slo, o) for name, (_, o) in assessed.items()}
-        if min(late.values()) <= 1.0:
+        late: dict[str, float] = {}
+        least = None    # min(late.values()) as it goes: once at most 1, it stays so
+        for name, (_, o) in assessed.items():
+            x = late[name] = _lateness(ttft_slo, tpot_slo, o)
+            if least is None or x < least:
+                least = x
+                if least <= 1.0:
+                    return None
+        if least is None or least <= 1.0:
             return None
         self.hopeless += 1
         if self.shed_when_hopeless and request.sheddable:
