@@ -48,6 +48,7 @@ class DecodeCache:
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
+        self._reach = 0.0     # how far past its start recent stretches were asked for, decaying
         self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = OrderedDict()
 
     def end(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
@@ -65,7 +66,8 @@ class DecodeCache:
 
     def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
         """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them (stepped a quarter further than ``until_ms`` when stepped)."""
+        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms`` and at least
+        as far past ``t`` as recent stretches were asked for)."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
@@ -75,7 +77,11 @@ class DecodeCache:
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not times or times[-1] < until_ms):
-            until_ms += (until_ms - t) / 4    # a quarter further: the next requests' runs end near this one's
+            # a quarter further, and at least as far as recent requests' runs went: a long prompt's
+            # run then finds the other endpoints' stretches stepped far enough
+            span = (until_ms - t) * 1.25
+            self._reach = span if span > self._reach * 0.99 else self._reach * 0.99
+            until_ms = t + self._reach
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0
