@@ -149,3 +149,30 @@ def test_a_producer_whose_decisions_never_read_the_columns_does_not_keep_them():
     prod.pre_request(req, eps[0])
     prod.on_first_chunk("x", tokens=1)
     assert prod._columns is None and prod.running.columns is None
+
+
+def test_endpoints_come_and_go_and_the_columns_keep_a_position_only_where_requests_run():
+    rng = random.Random(5)
+    clock = Clock(10.0)
+    prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
+    twin = TwinEngine(StepModel(), 2_048, 4, 4_000)
+    live: list[tuple[str, str]] = []
+    for n in range(600):        # pods replaced one after another: a new name every few requests
+        clock.t += 0.01
+        name = f"pod-{n // 4}"
+        eps = [Endpoint(name=name, metrics=EndpointMetrics(0.2, 0, 0)), Endpoint(name="steady",
+                                                                                 metrics=EndpointMetrics(0.2, 0, 0))]
+        req = InferenceRequest(request_id=f"r{n}", headers={"x-llm-d-slo-tpot-ms": "15"},
+                               input_tokens=rng.randint(1, 3_000))
+        prod.produce(req, eps)
+        prod.pre_request(req, rng.choice(eps))
+        prod.on_first_chunk(req.request_id, tokens=1)
+        live.append(req.request_id)
+        if len(live) > 12:
+            prod.on_complete(live.pop(0))
+        probe = InferenceRequest(request_id=f"p{n}", headers={"x-llm-d-slo-tpot-ms": "15"}, input_tokens=2_000)
+        prod.produce(probe, eps)
+        got = twin.placements(probe, eps, 2_000, [0, 0])
+        assert got == [twin.placement(probe, e, 2_000, 0) for e in eps]
+        prod.discard(probe.request_id)
+        assert prod.decoding_columns(clock()).size <= 14     # at most one position per endpoint with requests

@@ -21,7 +21,7 @@ import numpy as np
 class DecodingView:
     """Every endpoint's running requests at one moment.
 
-    Per endpoint (``index``: name -> position, the positions below ``size`` in the view): ``general`` (how many
+    Per endpoint where requests run (``index``: name -> position, below ``size``): ``general`` (how many
     requests there prefill or decode at a predicted pace: if any, judge it from the per-request view), the
     ``decodes`` running there and their ``context`` tokens (prompt + generated). Per request slot:
     its endpoint's position (``endpoint``), its decode time ``decode_ms`` (0 before its first

@@ -30,7 +30,10 @@ class RunningColumns:
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
         self._top = 0                        # slots ever used: [0, _top)
-        self._index: dict[str, int] = {}     # endpoint name -> position
+        self._index: dict[str, int] = {}     # endpoint name -> position, while requests run there
+        self._names: list[str] = []          # per position: its endpoint
+        self._slots: list[int] = []          # per position: the requests running there
+        self._vacant: list[int] = []         # positions of endpoints where nothing runs any more
         self._general: list[int] = []        # per position: requests prefilling or decoding at a predicted pace
         self._decodes: list[int] = []
         self._context: list[float] = []     # whole numbers: exact in a float
@@ -63,11 +66,19 @@ class RunningColumns:
             self._part.append(_NONE)
             self._slo.append(0.0)
         pos = self._index.get(endpoint)
-        if pos is None:
-            pos = self._index[endpoint] = len(self._index)
-            self._general.append(0)
-            self._decodes.append(0)
-            self._context.append(0.0)
+        if pos is None:     # a position of its own while requests run there (endpoints come and go)
+            if self._vacant:
+                pos = self._vacant.pop()
+                self._names[pos] = endpoint
+            else:
+                pos = len(self._names)
+                self._names.append(endpoint)
+                self._slots.append(0)
+                self._general.append(0)
+                self._decodes.append(0)
+                self._context.append(0.0)
+            self._index[endpoint] = pos
+        self._slots[pos] += 1
         self._slot[request_id] = slot
         self.endpoint[slot] = pos
         self.slo[slot] = math.inf
@@ -80,6 +91,11 @@ class RunningColumns:
             self._count(slot, _NONE)
             self.slo[slot] = math.inf
             self._free.append(slot)
+            pos = int(self.endpoint[slot])
+            self._slots[pos] -= 1
+            if not self._slots[pos]:     # its sums are back at 0
+                del self._index[self._names[pos]]
+                self._vacant.append(pos)
 
     def _count(self, slot: int, part: tuple[int, int, int]) -> None:
         pos = int(self.endpoint[slot])
@@ -114,7 +130,7 @@ class RunningColumns:
         """The decision's view at ``now`` (:func:`.twin_view.running_on`'s values, as columns)."""
         n = self._top
         elapsed = (now - self.dispatch[:n]) * 1000.0 - self.ttft[:n]
-        return DecodingView(self._index, len(self._index), self._general[:], self._decodes[:], self._context[:],
+        return DecodingView(dict(self._index), len(self._names), self._general[:], self._decodes[:], self._context[:],
                             np.where(elapsed > 0.0, elapsed, 0.0), self.after_first[:n].copy(), self.slo[:n].copy(),
                             self.endpoint[:n].copy())
 
