@@ -6,6 +6,7 @@ twin's general step, to the last bit (tests/test_twin_exact.py).
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -80,8 +81,11 @@ class DecodeCache:
             # a quarter further, and at least as far as recent requests' runs went: a long prompt's
             # run then finds the other endpoints' stretches stepped far enough
             span = (until_ms - t) * 1.25
-            self._reach = span if span > self._reach * 0.99 else self._reach * 0.99
-            until_ms = t + self._reach
+            self._reach *= 0.99
+            if self._reach < span < math.inf:
+                self._reach = span
+            if t + self._reach > until_ms:   # never short of until_ms (an infinite one stays as asked)
+                until_ms = t + self._reach
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0
