@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from epp_client.engine.columns import DecodingView
     from epp_client.engine.features import EngineView
     from epp_client.engine.twin import Running
 
@@ -103,6 +104,9 @@ class LatencyPrediction:
     #: context, prompt tokens still to prefill); streaming mode only: the function computing them,
     #: called once, on first use (:meth:`running_decodes`)
     decoding: Callable[[], tuple[Running, ...]] | None = None
+    #: the same view of every endpoint at once, as columns (:class:`epp_client.engine.columns.DecodingView`;
+    #: streaming mode, the producer's): one function per decision, shared by the candidates, computing it once
+    decoding_columns: Callable[[], DecodingView] | None = None
     _decodes: tuple[Running, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def running_decodes(self) -> tuple[Running, ...]:

@@ -2,6 +2,8 @@
 class coefficients and endpoint speed, or the prior; the class from the endpoint's labels."""
 from __future__ import annotations
 
+import pytest
+
 from epp_client.engine.learned import StepModels, engine_class
 from epp_client.engine.twin import StepModel
 from epp_client.types import Endpoint
@@ -35,3 +37,71 @@ def test_the_class_comes_from_the_endpoints_labels():
     assert engine_class(e, "llm-d.ai/model", "llm-d.ai/accelerator") == "llama-8b|a100"
     assert engine_class(Endpoint(name="q"), "llm-d.ai/model", "llm-d.ai/accelerator") == "default"
     assert engine_class(Endpoint(name="r", labels={"shape": "h100"}), "m", "shape") == "-|h100"
+
+
+CONFIG = """
+plugins:
+- type: predicted-latency-producer
+  parameters: {streamingMode: true}
+- type: decode-harm-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: decode-harm-filter
+  - pluginRef: max-score-picker
+"""
+
+
+class LearnedPredictor:
+    """Fixed predictions, and an engine section that makes ``pod-b`` four times slower."""
+
+    section = {"rows": 100, "classes": {"default": {
+        "coefficients": dict(zip(ENGINE_COEFFICIENTS, (3.0, 0.07, 8e-5, 9.0, 3.5e-6))), "n_train": 90,
+        "n_heldout": 10, "endpoints": {"pod-a": {"speed": 2.0, "n": 45}, "pod-b": {"speed": 0.5, "n": 45}}}}}
+
+    def predict_bulk(self, rows):
+        from epp_client.predictor import BulkPrediction
+
+        return BulkPrediction([100.0] * len(rows), [20.0] * len(rows), "v1", "learned")
+
+    async def apredict_bulk(self, rows):
+        return self.predict_bulk(rows)
+
+    def engine_section(self):
+        return ("v1", self.section)
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
+    """Through a real scheduler, both endpoints running decodes (the twin's all-candidates path over
+    the producer's columns): each candidate's outcome is the twin's with that endpoint's learned
+    step model, not the prior's; learnEngine: false keeps the prior."""
+    from epp_client.engine.twin import placement
+    from epp_client.framework.loader import build_scheduler
+    from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+    from epp_client.types import InferenceRequest
+
+    config = CONFIG.replace("- type: decode-harm-filter\n", "- type: decode-harm-filter\n  parameters: "
+                            f"{{learnEngine: {'true' if learn else 'false'}}}\n")
+    clock = [0.0]
+    sched = build_scheduler(config, predictor=LearnedPredictor(), clock=lambda: clock[0])
+    f = next(x for p in sched.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
+    eps = [Endpoint(name="pod-a"), Endpoint(name="pod-b")]
+    for i, e in enumerate(eps * 2):       # two requests decoding on each endpoint
+        req = InferenceRequest(request_id=f"r{i}", input_tokens=500, streaming=True)
+        res = sched.schedule(req, [e], now=clock[0])
+        sched.pre_request(req, res, now=clock[0])
+        sched.on_first_chunk(req.request_id, now=clock[0] + 0.1, tokens=1)
+    clock[0] += 0.5
+    req = InferenceRequest(request_id="new", input_tokens=3000, streaming=True)
+    cands = sched.schedule(req, eps, now=clock[0]).candidates
+    assert all(c.prediction.decoding_columns is not None for c in cands)
+    outcomes = {name: o for name, (_, o) in f.assess(req, cands).items()}
+    for c in cands:
+        model = f.step_models.for_endpoint("default", c.name)
+        assert (model is not f.step_model) == learn
+        assert outcomes[c.name] == placement(model, f.prefill_chunk_tokens, c.prediction.running_decodes(), 3000, 0)
+    if learn:   # pod-b at a quarter of pod-a's speed: four times the TTFT
+        assert outcomes["pod-b"].ttft_ms == pytest.approx(4 * outcomes["pod-a"].ttft_ms, rel=1e-9)

@@ -18,9 +18,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from epp_client.engine.model import Outcome
-from epp_client.engine.twin import StepModel, TwinEngine, placement
-from epp_client.types import Endpoint, InferenceRequest
+from epp_client.engine.twin import StepModel, TwinEngine
+from epp_client.types import Endpoint
 from features.bundle import BundleError, validate_engine
 from features.schema import DEFAULT_ENGINE_CLASS, ENGINE_COEFFICIENTS
 
@@ -103,20 +102,16 @@ class StepModels:
 
 
 class LearnedTwin(TwinEngine):
-    """The engine twin (:class:`TwinEngine`) with each endpoint's own step model (:class:`StepModels`,
-    the endpoint's class from ``class_of``)."""
+    """The engine twin (:class:`TwinEngine`, one placement or all candidates at once) with each
+    endpoint's own step model (:class:`StepModels`, the endpoint's class from ``class_of``)."""
 
     def __init__(self, models: StepModels, class_of: Callable[[Endpoint], str], budget: int, probe: int,
                  max_steps: int) -> None:
         super().__init__(models.prior, budget, probe, max_steps)
         self.models, self.class_of = models, class_of
 
-    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
-        pred = endpoint.prediction
-        if pred is None:
-            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
+    def model_for(self, endpoint: Endpoint) -> StepModel:
         models = self.models
-        model = models.prior if models.learned is None else models.for_endpoint(self.class_of(endpoint),
-                                                                                  endpoint.name)
-        return placement(model, self.budget, pred.running_decodes(), prompt, cached, self.probe, self.max_steps,
-                         self.decode_cache)
+        if models.learned is None:      # nothing learned yet: the prior, without a class lookup
+            return models.prior
+        return models.for_endpoint(self.class_of(endpoint), endpoint.name)

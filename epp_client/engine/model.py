@@ -19,6 +19,9 @@ class Outcome(NamedTuple):
 class EngineModel(Protocol):
     """What the decode-harm plugins know of an engine: the outcome of placing ``request`` (its
     ``prompt`` tokens, ``cached`` of them in the endpoint's prefix cache) on ``endpoint``, which
-    has a prediction (the requests this router has running there)."""
+    has a prediction (the requests this router has running there). A model may also answer
+    ``placements(request, endpoints, prompt, cached)`` (``cached[i]`` for the i-th endpoint), the
+    same outcomes for all candidates at once; the plugins call it where it exists (the twin does,
+    :meth:`epp_client.engine.twin.TwinEngine.placements`)."""
 
     def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome: ...

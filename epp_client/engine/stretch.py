@@ -6,7 +6,9 @@ twin's general step, to the last bit (tests/test_twin_exact.py).
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,10 +26,7 @@ def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: i
     if n <= 0:
         return t, 0
     if cache is not None and until_ms is not None:
-        times = cache.times(model, decodes, context, t, n, until_ms)
-        hi = min(n, len(times))
-        k = min(bisect_left(times, until_ms, 0, hi), hi - 1)
-        return times[k], k + 1
+        return cache.end(model, decodes, context, t, n, until_ms)
     base = model.fixed_ms + model.per_token_ms * decodes
     per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
     zero = model.per_prefill_pair_ms * 0.0
@@ -45,24 +44,48 @@ def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: i
 class DecodeCache:
     """The times of decode-only stretches already stepped, per start (step model, decodes,
     context, time): while an endpoint's running requests do not change, every decision's run
-    without the request steps the same stretch. Bounded (cleared past ``size`` stretches)."""
+    without the request steps the same stretch. Bounded: past ``size`` stretches, the oldest is
+    dropped for each new one."""
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
-        self._runs: dict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = {}
+        self._reach = 0.0     # how far past its start recent stretches were asked for, decaying
+        self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = OrderedDict()
+
+    def end(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
+            ) -> tuple[float, int]:
+        """:func:`_decode_steps` with ``until_ms`` read from the stretch's times: (time reached, steps)."""
+        entry = self._runs.get((id(model), decodes, context, t))
+        times = entry[1] if entry is not None and entry[0] is model else None
+        if times is None or (len(times) < n and (not times or times[-1] < until_ms)):
+            times = self.times(model, decodes, context, t, n, until_ms)
+        hi = len(times)
+        hi = n if n < hi else hi
+        k = bisect_left(times, until_ms, 0, hi)
+        k = hi - 1 if k > hi - 1 else k
+        return times[k], k + 1
 
     def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
         """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them."""
+        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms`` and at least
+        as far past ``t`` as recent stretches were asked for)."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
-            if len(self._runs) >= self.size:
-                self._runs.clear()
+            if len(self._runs) >= self.size:     # the oldest goes (a stretch of a state gone by), one at a time
+                self._runs.popitem(last=False)
             entry = (model, [])
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not times or times[-1] < until_ms):
+            # a quarter further, and at least as far as recent requests' runs went: a long prompt's
+            # run then finds the other endpoints' stretches stepped far enough
+            span = (until_ms - t) * 1.25
+            self._reach *= 0.99
+            if self._reach < span < math.inf:
+                self._reach = span
+            if t + self._reach > until_ms:   # never short of until_ms (an infinite one stays as asked)
+                until_ms = t + self._reach
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0
@@ -81,12 +104,20 @@ class DecodeCache:
                     if u >= until_ms:
                         break
                     continue
-                u += step
-                times.append(u)
-                c += decodes
-                k += 1
-                if u >= until_ms:
-                    break
+                # fewer steps left than stepped with numpy, and fewer still at each step (with
+                # per_context >= 0 no step is shorter than the one before; below 0, never numpy):
+                # the rest in a plain loop
+                append = times.append
+                while True:
+                    u += step
+                    append(u)
+                    c += decodes
+                    k += 1
+                    if u >= until_ms or k >= n:
+                        break
+                    ms = base + per_context * c + decode_ms + zero
+                    step = (ms if ms > 0.1 else 0.1) / speed
+                break
         return times
 
 

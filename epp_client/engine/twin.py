@@ -289,20 +289,41 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
                   probe: int, max_steps: int, decode_cache: DecodeCache | None) -> Outcome | None:
     """:func:`placement` where every running request decodes (the common state), or None where
     another is still prefilling or the run would reach ``max_steps``: the same steps in the same
-    order without the general loop's bookkeeping. The request is alone in the queue, so the run
-    without it parts at the start (time 0) and is one decode-only stretch; nobody else gets a
+    order without the general loop's bookkeeping (:func:`_decoding_runs`); nobody else gets a
     first token, so the harm reads each request's decode time and tokens only."""
-    decodes = len(running)
-    room = budget - decodes
-    left, done = uncached, max(prompt_tokens, uncached) - uncached
-    if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
-        return None
     whole = 0
     for _, tokens, _, c, prefill, _ in running:
         if prefill > 0 or tokens < 1 or not c >= 0:
             return None
         whole += c
-    context = ctx0 = float(whole)
+    runs = _decoding_runs(model, budget, len(running), float(whole), prompt_tokens, uncached, probe, max_steps,
+                          decode_cache)
+    if runs is None:
+        return None
+    tf, tpot, t, steps, t0, steps0 = runs
+    harm = 0    # every k below is at least 1: tokens >= 1, and both runs took a step
+    for d, tokens, slo, _, _, _ in running:
+        if slo > 0:
+            if (d + t) / (tokens - 1 + steps) > slo:
+                harm += 1
+            if (d + t0) / (tokens - 1 + steps0) > slo:
+                harm -= 1
+    return Outcome(harm if harm > 0 else 0, tf, tpot)
+
+
+def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, prompt_tokens: int, uncached: int,
+                   probe: int, max_steps: int, decode_cache: DecodeCache | None
+                   ) -> tuple[float, float, float, int, float, int] | None:
+    """The two runs of :func:`placement` where ``decodes`` requests with ``context`` tokens all
+    decode: (the request's first token time, its TPOT, the time and steps the run with it ends
+    at, the time and steps the run without it ends at), or None where the run would reach
+    ``max_steps`` or there is no room for a prefill. The request is alone in the queue, so the
+    run without it parts at the start (time 0) and is one decode-only stretch."""
+    room = budget - decodes
+    left, done = uncached, (prompt_tokens if prompt_tokens > uncached else uncached) - uncached
+    if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
+        return None
+    ctx0 = context
     fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
         model.decode_ms
     per_pair, speed = model.per_prefill_pair_ms, model.speed
@@ -319,23 +340,24 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
         left -= n
         done += n
         ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
-        t += max(ms, 0.1) / speed
+        t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
         steps += 1
         context += decodes
     tf, sf = t, steps
     context += done + 1
-    t, k = _decode_steps(model, decodes + 1, context, t, min(probe, max_steps - steps), None, decode_cache)
-    steps += k
+    # the probe's decode steps (:func:`_decode_steps`, inlined: the same arithmetic in the same order)
+    base, zero = fixed + per_token * (decodes + 1), per_pair * 0.0
+    for _ in range(min(probe, max_steps - steps)):
+        ms = base + per_context * context + decode_ms + zero
+        t += (ms if ms > 0.1 else 0.1) / speed
+        context += decodes + 1
+        steps += 1
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
-    t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, decode_cache)
-    harm = 0    # every k below is at least 1: tokens >= 1, and both runs took a step
-    for d, tokens, slo, _, _, _ in running:
-        if slo > 0:
-            if (d + t) / (tokens - 1 + steps) > slo:
-                harm += 1
-            if (d + t0) / (tokens - 1 + steps0) > slo:
-                harm -= 1
-    return Outcome(harm if harm > 0 else 0, tf, tpot)
+    if decode_cache is not None:    # the run without it (_decode_steps with a cache: DecodeCache.end)
+        t0, steps0 = decode_cache.end(model, decodes, ctx0, 0.0, max_steps, t)
+    else:
+        t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, None)
+    return tf, tpot, t, steps, t0, steps0
 
 
 class TwinEngine:
@@ -346,9 +368,53 @@ class TwinEngine:
         self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
         self.decode_cache = DecodeCache()
 
+    def model_for(self, endpoint: Endpoint) -> StepModel:
+        """The step model of ``endpoint`` (the same for all; one each: ``engine.learned.LearnedTwin``)."""
+        return self.step_model
+
     def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
         pred = endpoint.prediction
         if pred is None:
             raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
-        return placement(self.step_model, self.budget, pred.running_decodes(), prompt, cached, self.probe,
+        return placement(self.model_for(endpoint), self.budget, pred.running_decodes(), prompt, cached, self.probe,
                          self.max_steps, self.decode_cache)
+
+    def placements(self, request: InferenceRequest, endpoints: list[Endpoint], prompt: int,
+                   cached: list[int]) -> list[Outcome]:
+        """:meth:`placement` on each of ``endpoints`` (``cached[i]`` of the prompt cached on the
+        i-th), the same outcomes: where every request running on an endpoint decodes (with its
+        tokens counted), its run is :func:`_decoding_runs` over the producer's columns
+        (``LatencyPrediction.decoding_columns``) and the SLO counts of all such endpoints are a
+        few array operations (:meth:`DecodingView.over_counts`); elsewhere :meth:`placement`."""
+        out: list[Outcome | None] = [None] * len(endpoints)
+        runs: list[tuple[int, tuple[float, float, float, int, float, int]]] = []    # (position in endpoints, runs)
+        judged: list[tuple[int, tuple[float, float, float, int, float, int]]] = []  # (position in the view, runs)
+        columns = view = None
+        model_for, budget, probe, max_steps, cache = self.model_for, self.budget, self.probe, self.max_steps, \
+            self.decode_cache
+        for j, e in enumerate(endpoints):
+            pred = e.prediction
+            if pred is not None and pred.decoding_columns is not None:
+                if columns is None:     # one view per decision (every candidate's is the same)
+                    columns = pred.decoding_columns
+                    view = columns()
+                    index, size, general, decodes, context = view.index, view.size, view.general, view.decodes, \
+                        view.context
+                    taken = [False] * size    # an endpoint named twice: the second by placement
+                if pred.decoding_columns is columns:
+                    i = index.get(e.name, size)
+                    if i < size and not general[i] and decodes[i] and not taken[i]:
+                        taken[i] = True
+                        u = prompt - cached[j]
+                        r = _decoding_runs(model_for(e), budget, decodes[i], context[i], prompt, u if u > 1 else 1,
+                                           probe, max_steps, cache)
+                        if r is not None:
+                            runs.append((j, r))
+                            judged.append((i, r))
+                            continue
+            out[j] = self.placement(request, e, prompt, cached[j])
+        if view is not None:
+            new = tuple.__new__    # Outcome(...) without its Python __new__
+            for (j, r), harm in zip(runs, view.over_counts(judged)):
+                out[j] = new(Outcome, (harm, r[0], r[1]))
+        return out    # type: ignore[return-value]   # every entry set above

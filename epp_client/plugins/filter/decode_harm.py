@@ -229,21 +229,28 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         prompt = max(0, int(request.input_tokens))
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
         self.step_models.refresh()
-        placement = self.engine_model.placement
+        judged = [e for e in endpoints if e.prediction is not None]
+        cached = [prompt - uncached_prompt_tokens(e, prompt) for e in judged]
+        placements = getattr(self.engine_model, "placements", None)   # all at once, where the model can
+        if placements is not None:
+            outcomes = placements(request, judged, prompt, cached)
+        else:
+            placement = self.engine_model.placement
+            outcomes = [placement(request, e, prompt, c) for e, c in zip(judged, cached)]
+        own_miss, max_lateness, max_ttft = self.own_miss, self.max_lateness, self.max_ttft_ms
+        past_max_ttft = max_ttft > 0 and self.avoids_past_max_ttft
+        target, adapter_load, kv_threshold = request.target_model, self.adapter_load_count, self.kv_usage_threshold
         out: dict[str, tuple[tuple[float, float, float], Outcome]] = {}
-        for e in endpoints:
-            if e.prediction is None:
-                continue
-            cached = prompt - uncached_prompt_tokens(e, prompt)
-            o = placement(request, e, prompt, cached)
+        for e, o in zip(judged, outcomes):
             late = _lateness(ttft_slo, tpot_slo, o)
             own = 0.0
-            if self.own_miss and late > 1.0:
-                own = _FAR * late if 0 < self.max_lateness < late else 1.0
-            if 0 < self.max_ttft_ms < o.ttft_ms and self.avoids_past_max_ttft:
-                own = max(own, _FAR * o.ttft_ms / self.max_ttft_ms)
-            load = self.adapter_load_count if _loads_an_adapter(request.target_model, e) else 0.0
-            full = e.metrics is not None and e.metrics.kv_cache_usage > self.kv_usage_threshold
+            if own_miss and late > 1.0:
+                own = _FAR * late if 0 < max_lateness < late else 1.0
+            if past_max_ttft and o.ttft_ms > max_ttft:
+                own = max(own, _FAR * o.ttft_ms / max_ttft)
+            load = adapter_load if target and _loads_an_adapter(target, e) else 0.0
+            m = e.metrics
+            full = m is not None and m.kv_cache_usage > kv_threshold
             out[e.name] = ((float(o.harm), own, load + int(full)), o)
         return out
 
@@ -304,7 +311,7 @@ class DecodeHarmFilter(DecodeHarmCount):
         if hopeless is not None:
             kept = hopeless
         else:
-            counts = {name: sum(terms) for name, (terms, _) in assessed.items()}
+            counts = {name: harm + own + load for name, ((harm, own, load), _) in assessed.items()}
             low = min(counts.values())
             kept = [e for e in endpoints if counts.get(e.name, float("inf")) <= low]
             if self.hold_slack_ms > 0:
@@ -323,8 +330,15 @@ class DecodeHarmFilter(DecodeHarmCount):
         raise :class:`ShedRequest` for a sheddable request with ``shedWhenHopeless``, or, with
         ``hopelessPlacement: least-late``, the endpoints where it is least late."""
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
-        late = {name: _lateness(ttft_slo, tpot_slo, o) for name, (_, o) in assessed.items()}
-        if min(late.values()) <= 1.0:
+        late: dict[str, float] = {}
+        least = None    # min(late.values()) as it goes: once at most 1, it stays so
+        for name, (_, o) in assessed.items():
+            x = late[name] = _lateness(ttft_slo, tpot_slo, o)
+            if least is None or x < least:
+                least = x
+                if least <= 1.0:
+                    return None
+        if least is None or least <= 1.0:
             return None
         self.hopeless += 1
         if self.shed_when_hopeless and request.sheddable:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY
 from typing import Any
 
+from epp_client.engine.columns import DecodingView
 from epp_client.engine.twin import Running
 from epp_client.framework.params import Plugin, gt, param
 from epp_client.framework.protocols import Producer
@@ -38,6 +39,7 @@ from epp_client.framework.registry import plugin
 from epp_client.plugins.producer.debug_state import dump_state
 from epp_client.plugins.producer.predictions import apply_predictions
 from epp_client.plugins.producer.request_state import ContextCache, RequestContext, RunningQueue
+from epp_client.plugins.producer.running_columns import LazyView, RunningColumns
 from epp_client.plugins.producer.samples import SampleEmitter, feature_rows, rows_for_predictor
 from epp_client.plugins.producer.twin_view import running_on
 from epp_client.predictor import BulkPrediction
@@ -72,6 +74,7 @@ class PredictedLatencyProducer(Plugin):
     max_contexts: int = 100_000
 
     def setup(self) -> None:
+        self._columns: RunningColumns | None = None     # kept from the first decision that reads them
         self.running = RunningQueue()
         self._cache = ContextCache(self.running, self.context_ttl, self.max_contexts)
         self._first_token_at: dict[str, float] = {}   # endpoint -> when a request there last had its first token
@@ -108,6 +111,22 @@ class PredictedLatencyProducer(Plugin):
         """The twin's view of ``endpoint`` at ``now`` (:func:`.twin_view.running_on`)."""
         return running_on(endpoint, now, self.running, self._cache.contexts, self._first_token_at)
 
+    def decoding_columns(self, now: float) -> DecodingView:
+        """Every endpoint's view at ``now`` as columns (:class:`.running_columns.RunningColumns`),
+        kept from the first call on (a configuration without a plugin reading them pays nothing)."""
+        cols = self._columns
+        if cols is None:
+            cols = self._columns = RunningColumns()
+            contexts = self._cache.contexts
+            for endpoint in self.running.endpoints():
+                for rid, slo in self.running.requests(endpoint).items():
+                    cols.add(endpoint, rid, slo)
+                    ctx = contexts.get(rid)
+                    if ctx is not None:
+                        cols.sync(ctx)
+            self.running.columns = cols
+        return cols.view(now)
+
     def _apply(self, ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction | None,
                now: float) -> None:
         if result is None or len(result.ttft_ms) != len(endpoints) or len(result.tpot_ms) != len(endpoints):
@@ -116,7 +135,8 @@ class PredictedLatencyProducer(Plugin):
         self._counters["predictions"] += 1
         apply_predictions(ctx, endpoints, result, now, running=self.running, streaming_mode=self.streaming_mode,
                           endpoint_role_label=self.endpoint_role_label, slo_buffer_factor=self.slo_buffer_factor,
-                          decoding=self.decoding)
+                          decoding=self.decoding,
+                          decoding_columns=LazyView(self.decoding_columns, now) if self.streaming_mode else None)
 
     def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
         now = self.clock() if now is None else now
@@ -166,6 +186,8 @@ class PredictedLatencyProducer(Plugin):
         request.engine_view = None
         if request.request_id:
             self.running.add(primary.name, request.request_id, ctx.tpot_slo)
+            if self._columns is not None:
+                self._columns.sync(ctx)
 
     # -- ResponseBody -----------------------------------------------------------------
     def on_first_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None:
@@ -187,8 +209,10 @@ class PredictedLatencyProducer(Plugin):
             self._samples.ttft(ctx)
             if ctx.ttft_ms == 0:
                 ctx.ttft_ms = 1e-9  # measured (sub-ms): later chunks are not first chunks
-            return
-        ctx.chunks += 1
+        else:
+            ctx.chunks += 1
+        if self._columns is not None:
+            self._columns.sync(ctx)
 
     def _count(self, ctx: RequestContext, tokens: int | None) -> None:
         if tokens is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from epp_client.engine.columns import DecodingView
 from epp_client.engine.twin import Running
 from epp_client.plugins.producer.request_state import RequestContext, RunningQueue
 from epp_client.predictor import BulkPrediction
@@ -14,14 +15,16 @@ from epp_client.types import Endpoint, LatencyPrediction
 def apply_predictions(ctx: RequestContext, endpoints: list[Endpoint], result: BulkPrediction, now: float, *,
                       running: RunningQueue, streaming_mode: bool, endpoint_role_label: str,
                       slo_buffer_factor: float,
-                      decoding: Callable[[str, float], tuple[Running, ...]]) -> None:
+                      decoding: Callable[[str, float], tuple[Running, ...]],
+                      decoding_columns: Callable[[], DecodingView] | None = None) -> None:
     """Write ``Endpoint.prediction`` on each candidate and keep the predictions in ``ctx``.
 
     TTFT headroom is ``ttft_slo - ttft``. TPOT is judged in streaming mode only, and not on a
     prefill endpoint (else headroom 0, valid): against ``tpot_slo × sloBufferFactor``, or the
     endpoint's lowest running TPOT SLO × ``sloBufferFactor`` when that is lower. In streaming
     mode ``decoding(endpoint, now)`` gives the twin's view of the endpoint, computed on first use
-    (``LatencyPrediction.running_decodes``)."""
+    (``LatencyPrediction.running_decodes``), and ``decoding_columns`` (one per decision) every
+    endpoint's at once."""
     ttft_slo, tpot_slo, f = ctx.ttft_slo, ctx.tpot_slo, slo_buffer_factor
     ctx.model_version = result.model_version
     preds = ctx.predictions = {}
@@ -42,4 +45,5 @@ def apply_predictions(ctx: RequestContext, endpoints: list[Endpoint], result: Bu
             tpot_headroom = buffered - p
         e.prediction = LatencyPrediction(t, p, ttft_headroom, tpot_headroom, ttft_valid, tpot_valid,
                                          running.size(e.name), result.model_version, result.model_source,
-                                         partial(decoding, e.name, now) if streaming_mode else None)
+                                         partial(decoding, e.name, now) if streaming_mode else None,
+                                         decoding_columns if streaming_mode else None)

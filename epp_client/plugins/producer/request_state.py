@@ -6,13 +6,18 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp_client.plugins.producer.running_columns import RunningColumns
 
 
 class RunningQueue:
-    """Per-endpoint queue of running requests ordered by TPOT SLO (B1.8), lazy deletion."""
+    """Per-endpoint queue of running requests ordered by TPOT SLO (B1.8), lazy deletion; with
+    ``columns`` (:class:`.running_columns.RunningColumns`), it adds and removes their slots."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: RunningColumns | None = None) -> None:
+        self.columns = columns
         self._heaps: dict[str, list] = {}
         self._live: dict[str, dict[str, float]] = {}
         self._where: dict[str, str] = {}
@@ -24,12 +29,16 @@ class RunningQueue:
         heapq.heappush(self._heaps.setdefault(endpoint, []), (tpot_slo, next(self._seq), request_id))
         self._live.setdefault(endpoint, {})[request_id] = tpot_slo
         self._where[request_id] = endpoint
+        if self.columns is not None:
+            self.columns.add(endpoint, request_id, tpot_slo)
         return True
 
     def remove(self, request_id: str) -> bool:
         endpoint = self._where.pop(request_id, None)
         if endpoint is None:
             return False
+        if self.columns is not None:
+            self.columns.remove(request_id)
         live = self._live[endpoint]
         del live[request_id]
         if not live:  # an endpoint whose queue becomes empty is dropped

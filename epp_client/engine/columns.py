@@ -1,0 +1,61 @@
+"""A decision's view of the requests running on every endpoint, as arrays: what the engine twin
+reads to judge a request on all its candidates at once (:meth:`epp_client.engine.twin.TwinEngine.placements`).
+
+The producer keeps the running requests in columns as they are dispatched, get their first
+chunk, stream tokens and complete (:class:`epp_client.plugins.producer.running_columns.RunningColumns`);
+one :class:`DecodingView` per decision holds, per endpoint, what the twin's run needs (the
+decodes and their context), and per decoding request with a TPOT SLO what its SLO count needs
+(decode time, tokens, SLO, endpoint). Endpoints where a request is still prefilling, or decodes
+at a predicted pace (tokens not counted), are judged from the per-request view
+(``LatencyPrediction.running_decodes``) instead. Every value is the one the per-request view
+gives at the same moment (tests/test_twin_exact.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DecodingView:
+    """Every endpoint's running requests at one moment.
+
+    Per endpoint where requests run (``index``: name -> position, below ``size``): ``general`` (how many
+    requests there prefill or decode at a predicted pace: if any, judge it from the per-request view), the
+    ``decodes`` running there and their ``context`` tokens (prompt + generated). Per request slot:
+    its endpoint's position (``endpoint``), its decode time ``decode_ms`` (0 before its first
+    token's time), the tokens after its first (``after_first``) and its TPOT SLO (``slo``: +inf
+    where the SLO count skips it: no SLO, not decoding, or no request in the slot)."""
+
+    index: dict[str, int]
+    size: int
+    general: list[int]
+    decodes: list[int]
+    context: list[float]
+    decode_ms: np.ndarray
+    after_first: np.ndarray
+    slo: np.ndarray
+    endpoint: np.ndarray
+
+    def over_counts(self, judged: list[tuple[int, tuple[float, float, float, int, float, int]]]) -> list[int]:
+        """Per ``(position, runs)`` (``runs``: :func:`epp_client.engine.twin._decoding_runs`, its
+        last four: ``t``, ``steps``, ``t0``, ``steps0``): how many of the endpoint's requests are
+        over their TPOT SLO at ``t`` after ``steps`` steps (the run with the request) and not at
+        ``t0`` after ``steps0`` (the run without it), at least 0 (the count of
+        :func:`epp_client.engine.twin._all_decoding`, the same operations per request: the step
+        counts are whole numbers, exact in a float)."""
+        if not judged:
+            return []
+        size = self.size
+        t, t0, steps, steps0 = [0.0] * size, [0.0] * size, [1] * size, [1] * size   # not judged: any divisor but 0
+        for i, runs in judged:
+            _, _, t[i], steps[i], t0[i], steps0[i] = runs
+        at = np.array((t, t0, steps, steps0), dtype=np.float64).take(self.endpoint, axis=1)   # per slot
+        at[:2] += self.decode_ms
+        at[2:] += self.after_first
+        np.divide(at[:2], at[2:], out=at[:2])
+        over = at[:2] > self.slo
+        flips = over[0].view(np.int8) - over[1].view(np.int8)
+        harm = np.bincount(self.endpoint, weights=flips, minlength=size).tolist()
+        return [int(h) if h > 0 else 0 for h in (harm[j[0]] for j in judged)]
