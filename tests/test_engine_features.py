@@ -14,6 +14,7 @@ from epp_client.framework.loader import build_scheduler
 from epp_client.training import ListSink
 from epp_client.types import Endpoint, InferenceRequest
 from features.schema import parse_training_entry
+from support.engine import HARM_CONFIG, FixedPredictor
 
 
 def random_state(rng: random.Random) -> tuple[int, tuple[Running, ...], int, int]:
@@ -55,30 +56,6 @@ def test_no_first_token_within_max_steps_gives_no_sums():
     assert step_features(m, 64, running, 1000, 0, max_steps=50) is None
     assert placement(m, 64, running, 1000, 0, max_steps=50).ttft_ms == math.inf
 
-CONFIG = """
-plugins:
-- type: predicted-latency-producer
-  parameters: {streamingMode: true}
-- type: decode-harm-filter
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: predicted-latency-producer
-  - pluginRef: decode-harm-filter
-  - pluginRef: max-score-picker
-"""
-
-
-class FixedPredictor:
-    def predict_bulk(self, rows):
-        from epp_client.predictor import BulkPrediction
-
-        return BulkPrediction([100.0] * len(rows), [20.0] * len(rows), "v1", "learned")
-
-    async def apredict_bulk(self, rows):
-        return self.predict_bulk(rows)
-
 
 def test_the_ttft_entry_carries_the_twins_view_at_dispatch():
     """Through a real scheduler: the decode-harm filter computes the step sums on the picked
@@ -86,7 +63,7 @@ def test_the_ttft_entry_carries_the_twins_view_at_dispatch():
     TTFT entry (the TPOT entry has none), and c . F / speed is the twin's TTFT it reports."""
     sink = ListSink()
     clock = [0.0]
-    sched = build_scheduler(CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
+    sched = build_scheduler(HARM_CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
                             wall_clock=lambda: 1e9 + clock[0])
     eps = [Endpoint(name="pod-a", labels={"llm-d.ai/accelerator": "a100"})]
     for i in range(3):

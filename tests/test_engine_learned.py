@@ -8,6 +8,7 @@ from epp_client.engine.learned import StepModels, engine_class
 from epp_client.engine.twin import StepModel
 from epp_client.types import Endpoint
 from features.schema import ENGINE_COEFFICIENTS
+from support.engine import HARM_CONFIG, FixedPredictor
 
 
 def test_step_models_take_a_learned_section_and_keep_the_prior_otherwise():
@@ -39,38 +40,10 @@ def test_the_class_comes_from_the_endpoints_labels():
     assert engine_class(Endpoint(name="r", labels={"shape": "h100"}), "m", "shape") == "-|h100"
 
 
-CONFIG = """
-plugins:
-- type: predicted-latency-producer
-  parameters: {streamingMode: true}
-- type: decode-harm-filter
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: predicted-latency-producer
-  - pluginRef: decode-harm-filter
-  - pluginRef: max-score-picker
-"""
-
-
-class LearnedPredictor:
-    """Fixed predictions, and an engine section that makes ``pod-b`` four times slower."""
-
-    section = {"rows": 100, "classes": {"default": {
-        "coefficients": dict(zip(ENGINE_COEFFICIENTS, (3.0, 0.07, 8e-5, 9.0, 3.5e-6))), "n_train": 90,
-        "n_heldout": 10, "endpoints": {"pod-a": {"speed": 2.0, "n": 45}, "pod-b": {"speed": 0.5, "n": 45}}}}}
-
-    def predict_bulk(self, rows):
-        from epp_client.predictor import BulkPrediction
-
-        return BulkPrediction([100.0] * len(rows), [20.0] * len(rows), "v1", "learned")
-
-    async def apredict_bulk(self, rows):
-        return self.predict_bulk(rows)
-
-    def engine_section(self):
-        return ("v1", self.section)
+#: pod-b four times slower than pod-a
+SECTION = {"rows": 100, "classes": {"default": {
+    "coefficients": dict(zip(ENGINE_COEFFICIENTS, (3.0, 0.07, 8e-5, 9.0, 3.5e-6))), "n_train": 90,
+    "n_heldout": 10, "endpoints": {"pod-a": {"speed": 2.0, "n": 45}, "pod-b": {"speed": 0.5, "n": 45}}}}}
 
 
 @pytest.mark.parametrize("learn", [True, False])
@@ -83,10 +56,10 @@ def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
     from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
     from epp_client.types import InferenceRequest
 
-    config = CONFIG.replace("- type: decode-harm-filter\n", "- type: decode-harm-filter\n  parameters: "
+    config = HARM_CONFIG.replace("- type: decode-harm-filter\n", "- type: decode-harm-filter\n  parameters: "
                             f"{{learnEngine: {'true' if learn else 'false'}}}\n")
     clock = [0.0]
-    sched = build_scheduler(config, predictor=LearnedPredictor(), clock=lambda: clock[0])
+    sched = build_scheduler(config, predictor=FixedPredictor(SECTION), clock=lambda: clock[0])
     f = next(x for p in sched.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
     eps = [Endpoint(name="pod-a"), Endpoint(name="pod-b")]
     for i, e in enumerate(eps * 2):       # two requests decoding on each endpoint

@@ -1,4 +1,5 @@
-"""Test support: training entries with the engine fields, from a known step model and speeds."""
+"""Test support for the engine twin's learning: training entries with the engine fields from a known
+step model and speeds; a profile with the decode-harm filter and a predictor with fixed answers."""
 from __future__ import annotations
 
 import math
@@ -33,3 +34,38 @@ def with_engine_fields(entries: list[dict], seed: int = 0) -> list[dict]:
         out.append({**e, "actual_ttft_ms": y, "engine_endpoint": pod, "engine_class": "llama|a100",
                     **{fl.name: float(v) for fl, v in zip(ENGINE_FEATURE_FIELDS, f)}})
     return out
+
+
+#: the streaming producer, the decode-harm filter and a picker: the twin's path through a scheduler
+HARM_CONFIG = """
+plugins:
+- type: predicted-latency-producer
+  parameters: {streamingMode: true}
+- type: decode-harm-filter
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: predicted-latency-producer
+  - pluginRef: decode-harm-filter
+  - pluginRef: max-score-picker
+"""
+
+
+class FixedPredictor:
+    """Fixed predictions (TTFT 100 ms, TPOT 20 ms, version v1), and ``section`` as the learned
+    engine step model (none: nothing learned yet)."""
+
+    def __init__(self, section: dict | None = None) -> None:
+        self.section = section
+
+    def predict_bulk(self, rows):
+        from epp_client.predictor import BulkPrediction
+
+        return BulkPrediction([100.0] * len(rows), [20.0] * len(rows), "v1", "learned")
+
+    async def apredict_bulk(self, rows):
+        return self.predict_bulk(rows)
+
+    def engine_section(self):
+        return None if self.section is None else ("v1", self.section)
