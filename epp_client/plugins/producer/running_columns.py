@@ -141,9 +141,11 @@ class LazyView:
     __slots__ = ("_make", "_now", "_view")
 
     def __init__(self, make: Callable[[float], DecodingView], now: float) -> None:
-        self._make, self._now, self._view = make, now, None
+        self._make, self._now = make, now
+        self._view: DecodingView | None = None
 
     def __call__(self) -> DecodingView:
-        if self._view is None:
-            self._view = self._make(self._now)
-        return self._view
+        view = self._view
+        if view is None:
+            view = self._view = self._make(self._now)
+        return view
