@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from epp_client.engine.features import step_features, twin_ttft
+from epp_client.engine.features import decoding_features, step_features, twin_ttft
 from epp_client.engine.twin import Running, StepModel, placement
 from epp_client.framework.loader import build_scheduler
 from epp_client.training import ListSink
@@ -48,6 +48,22 @@ def test_the_twins_ttft_is_the_coefficients_over_its_step_sums():
         assert f[0] >= 1 and f[3] <= f[0] and min(f) >= 0
         checked += 1
     assert checked == 600
+
+
+def test_the_sums_where_every_running_request_decodes_need_only_their_count_and_context():
+    """decoding_features (the producer's columns: how many decode, their context) gives the sums
+    of step_features over the running requests themselves, where all of them decode."""
+    rng = random.Random(11)
+    for _ in range(400):
+        budget = rng.choice([64, 256, 2048, 8192])
+        running = tuple(Running(rng.uniform(0, 5000), t, 50.0, rng.randint(10, 9000) + t)
+                        for t in (rng.randint(1, 300) for _ in range(rng.randint(0, 80))))
+        prompt = rng.randint(1, 40000)
+        cached = rng.randint(0, prompt)
+        want = step_features(StepModel(), budget, running, prompt, cached, max_steps=300)
+        got = decoding_features(budget, len(running), float(sum(r.context for r in running)), prompt, cached,
+                                max_steps=300)
+        assert got == want
 
 
 def test_no_first_token_within_max_steps_gives_no_sums():

@@ -7,7 +7,7 @@ import pytest
 from epp_client.engine.learned import StepModels, engine_class
 from epp_client.engine.twin import StepModel
 from epp_client.types import Endpoint
-from features.schema import ENGINE_COEFFICIENTS
+from features.schema import ENGINE_COEFFICIENTS, ENGINE_FEATURE_FIELDS
 from support.engine import HARM_CONFIG, FixedPredictor
 
 
@@ -51,15 +51,18 @@ def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
     """Through a real scheduler, both endpoints running decodes (the twin's all-candidates path over
     the producer's columns): each candidate's outcome is the twin's with that endpoint's learned
     step model, not the prior's; learnEngine: false keeps the prior."""
+    from epp_client.engine.features import step_features, twin_ttft
     from epp_client.engine.twin import placement
     from epp_client.framework.loader import build_scheduler
     from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
+    from epp_client.training import ListSink
     from epp_client.types import InferenceRequest
 
     config = HARM_CONFIG.replace("- type: decode-harm-filter\n", "- type: decode-harm-filter\n  parameters: "
                             f"{{learnEngine: {'true' if learn else 'false'}}}\n")
     clock = [0.0]
-    sched = build_scheduler(config, predictor=FixedPredictor(SECTION), clock=lambda: clock[0])
+    sink = ListSink()
+    sched = build_scheduler(config, predictor=FixedPredictor(SECTION), sink=sink, clock=lambda: clock[0])
     f = next(x for p in sched.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
     eps = [Endpoint(name="pod-a"), Endpoint(name="pod-b")]
     for i, e in enumerate(eps * 2):       # two requests decoding on each endpoint
@@ -69,7 +72,8 @@ def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
         sched.on_first_chunk(req.request_id, now=clock[0] + 0.1, tokens=1)
     clock[0] += 0.5
     req = InferenceRequest(request_id="new", input_tokens=3000, streaming=True)
-    cands = sched.schedule(req, eps, now=clock[0]).candidates
+    res = sched.schedule(req, eps, now=clock[0])
+    cands = res.candidates
     assert all(c.prediction.decoding_columns is not None for c in cands)
     outcomes = {name: o for name, (_, o) in f.assess(req, cands).items()}
     for c in cands:
@@ -78,3 +82,14 @@ def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
         assert outcomes[c.name] == placement(model, f.prefill_chunk_tokens, c.prediction.running_decodes(), 3000, 0)
     if learn:   # pod-b at a quarter of pod-a's speed: four times the TTFT
         assert outcomes["pod-b"].ttft_ms == pytest.approx(4 * outcomes["pod-a"].ttft_ms, rel=1e-9)
+    # dispatched: the sums its TTFT entry carries (from the columns: every request there decodes)
+    # are the twin's over the endpoint's running requests, with the endpoint's step model
+    picked = res.endpoint
+    model = f.step_models.for_endpoint("default", picked.name)
+    want = step_features(model, f.prefill_chunk_tokens, picked.prediction.running_decodes(), 3000, 0)
+    sched.pre_request(req, res, now=clock[0])
+    sched.on_first_chunk("new", now=clock[0] + 1.0, tokens=1)
+    entry = [e for e in sink.entries if e.get("engine_endpoint")][-1]     # the new request's
+    assert entry["engine_endpoint"] == picked.name and entry["engine_class"] == "default"
+    assert tuple(entry[k.name] for k in ENGINE_FEATURE_FIELDS) == want
+    assert entry["engine_ttft_ms"] == twin_ttft(model, want)

@@ -46,6 +46,30 @@ def twin_ttft(model: StepModel, features: tuple[float, ...]) -> float:
     return sum(a * b for a, b in zip(c, features)) / model.speed
 
 
+def decoding_features(budget: int, decodes: int, context: float, prompt_tokens: int, cached_tokens: int,
+                      max_steps: int = 4000) -> tuple[float, float, float, float, float] | None:
+    """:func:`step_features` where every request running on the endpoint decodes (the common
+    state): ``decodes`` of them with ``context`` tokens in all (the producer's columns,
+    ``LatencyPrediction.decoding_columns``), without building their rows. The request is alone in
+    the queue: its chunks are the steps until its first token."""
+    room = budget - decodes
+    left = max(1, prompt_tokens - cached_tokens)
+    done = max(prompt_tokens, left) - left
+    if room <= 0 or -(-left // room) > max_steps:
+        return None
+    steps = tokens_sum = context_sum = pairs_sum = 0.0
+    while left > 0:
+        n = left if left < room else room
+        pairs_sum += n * (done + n / 2.0)
+        tokens_sum += decodes + n
+        context_sum += context
+        context += decodes
+        left -= n
+        done += n
+        steps += 1
+    return steps, tokens_sum, context_sum, steps if decodes else 0.0, pairs_sum
+
+
 def step_features(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int,
                   cached_tokens: int, max_steps: int = 4000) -> tuple[float, float, float, float, float] | None:
     """The five sums of the twin's steps from now until the first token of a request of

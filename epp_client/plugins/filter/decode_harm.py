@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epp_client.engine.features import EngineView, step_features, twin_ttft
+from epp_client.engine.features import EngineView, decoding_features, step_features, twin_ttft
 from epp_client.engine.learned import LearnedTwin, StepModels, engine_class
 from epp_client.engine.model import EngineModel, Outcome
 from epp_client.engine.twin import StepModel, TwinEngine
@@ -206,10 +206,18 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         if request.engine_view is not None or e is None or e.prediction is None or e.prediction.decoding is None:
             return
         prompt = max(0, int(request.input_tokens))
+        cached = prompt - uncached_prompt_tokens(e, prompt)
         cls = self.class_of(e)
         model = self.step_models.for_endpoint(cls, e.name)
-        f = step_features(model, self.prefill_chunk_tokens, e.prediction.running_decodes(), prompt,
-                          prompt - uncached_prompt_tokens(e, prompt), self.max_steps)
+        columns = e.prediction.decoding_columns
+        view = columns() if columns is not None else None
+        i = view.index.get(e.name, view.size) if view is not None else 0
+        if view is not None and i < view.size and not view.general[i] and view.decodes[i]:   # all decoding
+            f = decoding_features(self.prefill_chunk_tokens, view.decodes[i], view.context[i], prompt, cached,
+                                  self.max_steps)
+        else:
+            f = step_features(model, self.prefill_chunk_tokens, e.prediction.running_decodes(), prompt, cached,
+                              self.max_steps)
         if f is not None:
             request.engine_view = EngineView(e.name, cls, f, twin_ttft(model, f))
 
