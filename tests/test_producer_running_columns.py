@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 
 from epp_client import Endpoint, EndpointMetrics, InferenceRequest, PrefixMatch
-from epp_client.engine.twin import StepModel, TwinEngine
+from epp_client.engine.twin import StepModel
+from epp_client.engine.twin_engine import TwinEngine
 from epp_client.plugins import PredictedLatencyProducer
 from test_producer_predicted_latency import Clock
 

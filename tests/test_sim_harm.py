@@ -9,7 +9,7 @@ import json
 import pytest
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.twin import TwinEngine
+from epp_client.engine.twin_engine import TwinEngine
 from epp_client.plugins.filter.decode_harm import DecodeHarmFilter
 from epp_client.profiles import config_text
 from epp_client.types import Endpoint

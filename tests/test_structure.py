@@ -254,6 +254,7 @@ DECLARATIONS_ONLY = {
 COVERED_BY = {
     "epp_client.engine.twin": "test_twin.py",
     "epp_client.engine.stretch": "test_twin_exact.py",   # held to the plain replay
+    "epp_client.engine.twin_engine": "test_producer_running_columns.py",   # placements held to placement
     "training_server.__main__": "test_training_durability.py",
     "prediction_server.__main__": "test_prediction_process.py",
     "training_server.evaluate": "test_quality_evaluate.py",

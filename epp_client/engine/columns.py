@@ -1,5 +1,5 @@
 """A decision's view of the requests running on every endpoint, as arrays: what the engine twin
-reads to judge a request on all its candidates at once (:meth:`epp_client.engine.twin.TwinEngine.placements`).
+reads to judge a request on all its candidates at once (:meth:`epp_client.engine.twin_engine.TwinEngine.placements`).
 
 The producer keeps the running requests in columns as they are dispatched, get their first
 chunk, stream tokens and complete (:class:`epp_client.plugins.producer.running_columns.RunningColumns`);

@@ -18,7 +18,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from epp_client.engine.twin import StepModel, TwinEngine
+from epp_client.engine.twin import StepModel
+from epp_client.engine.twin_engine import TwinEngine
 from epp_client.types import Endpoint
 from features.bundle import BundleError, validate_engine
 from features.schema import DEFAULT_ENGINE_CLASS, ENGINE_COEFFICIENTS

@@ -1,6 +1,6 @@
 """The decode-harm plugins' one view of an engine (:class:`EngineModel`) and what it answers
 (:class:`Outcome`). The router's own implementation is the engine twin
-(:class:`epp_client.engine.twin.TwinEngine`); a reference that knows the engine (the simulator's
+(:class:`epp_client.engine.twin_engine.TwinEngine`); a reference that knows the engine (the simulator's
 oracle) passes its own to ``use_engine_model``.
 """
 from __future__ import annotations
@@ -22,6 +22,6 @@ class EngineModel(Protocol):
     has a prediction (the requests this router has running there). A model may also answer
     ``placements(request, endpoints, prompt, cached)`` (``cached[i]`` for the i-th endpoint), the
     same outcomes for all candidates at once; the plugins call it where it exists (the twin does,
-    :meth:`epp_client.engine.twin.TwinEngine.placements`)."""
+    :meth:`epp_client.engine.twin_engine.TwinEngine.placements`)."""
 
     def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome: ...

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
 from epp_client.engine.stretch import _VECTOR_CHUNKS, DecodeCache, _decode_steps, full_chunks
-from epp_client.types import Endpoint, InferenceRequest
 
 
 class Running(NamedTuple):
@@ -358,63 +357,3 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
     else:
         t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, None)
     return tf, tpot, t, steps, t0, steps0
-
-
-class TwinEngine:
-    """The plugins' own engine model: the engine twin (:func:`epp_client.engine.twin.placement`) over
-    the endpoint's running requests, with the configured step model and token budget."""
-
-    def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
-        self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
-        self.decode_cache = DecodeCache()
-
-    def model_for(self, endpoint: Endpoint) -> StepModel:
-        """The step model of ``endpoint`` (the same for all; one each: ``engine.learned.LearnedTwin``)."""
-        return self.step_model
-
-    def placement(self, request: InferenceRequest, endpoint: Endpoint, prompt: int, cached: int) -> Outcome:
-        pred = endpoint.prediction
-        if pred is None:
-            raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
-        return placement(self.model_for(endpoint), self.budget, pred.running_decodes(), prompt, cached, self.probe,
-                         self.max_steps, self.decode_cache)
-
-    def placements(self, request: InferenceRequest, endpoints: list[Endpoint], prompt: int,
-                   cached: list[int]) -> list[Outcome]:
-        """:meth:`placement` on each of ``endpoints`` (``cached[i]`` of the prompt cached on the
-        i-th), the same outcomes: where every request running on an endpoint decodes (with its
-        tokens counted), its run is :func:`_decoding_runs` over the producer's columns
-        (``LatencyPrediction.decoding_columns``) and the SLO counts of all such endpoints are a
-        few array operations (:meth:`DecodingView.over_counts`); elsewhere :meth:`placement`."""
-        out: list[Outcome | None] = [None] * len(endpoints)
-        runs: list[tuple[int, tuple[float, float, float, int, float, int]]] = []    # (position in endpoints, runs)
-        judged: list[tuple[int, tuple[float, float, float, int, float, int]]] = []  # (position in the view, runs)
-        columns = view = None
-        model_for, budget, probe, max_steps, cache = self.model_for, self.budget, self.probe, self.max_steps, \
-            self.decode_cache
-        for j, e in enumerate(endpoints):
-            pred = e.prediction
-            if pred is not None and pred.decoding_columns is not None:
-                if columns is None:     # one view per decision (every candidate's is the same)
-                    columns = pred.decoding_columns
-                    view = columns()
-                    index, size, general, decodes, context = view.index, view.size, view.general, view.decodes, \
-                        view.context
-                    taken = [False] * size    # an endpoint named twice: the second by placement
-                if pred.decoding_columns is columns:
-                    i = index.get(e.name, size)
-                    if i < size and not general[i] and decodes[i] and not taken[i]:
-                        taken[i] = True
-                        u = prompt - cached[j]
-                        r = _decoding_runs(model_for(e), budget, decodes[i], context[i], prompt, u if u > 1 else 1,
-                                           probe, max_steps, cache)
-                        if r is not None:
-                            runs.append((j, r))
-                            judged.append((i, r))
-                            continue
-            out[j] = self.placement(request, e, prompt, cached[j])
-        if view is not None:
-            new = tuple.__new__    # Outcome(...) without its Python __new__
-            for (j, r), harm in zip(runs, view.over_counts(judged)):
-                out[j] = new(Outcome, (harm, r[0], r[1]))
-        return out    # type: ignore[return-value]   # every entry set above

@@ -62,7 +62,8 @@ from typing import Any
 from epp_client.engine.features import EngineView, decoding_features, step_features, twin_ttft
 from epp_client.engine.learned import LearnedTwin, StepModels, engine_class
 from epp_client.engine.model import EngineModel, Outcome
-from epp_client.engine.twin import StepModel, TwinEngine
+from epp_client.engine.twin import StepModel
+from epp_client.engine.twin_engine import TwinEngine
 from epp_client.framework.params import Plugin, ge, gt, one_of, param, within
 from epp_client.framework.protocols import Filter, RequestHooksBase
 from epp_client.framework.registry import plugin
