@@ -14,7 +14,7 @@ from load.sim.server import ModelServer
 from load.sim.workloads import isolated_prefill_ms
 from load.sim_realism import compare as C
 from load.sim_realism.__main__ import main
-from load.sim_realism.fit import fit_continued, fit_latency, fit_timeout
+from load.sim_realism.fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
 from load.sim_realism.lost import fill_lost
 from load.sim_realism.replay import policy_for, replay, requests_of
 from load.sim_realism.runs import RunsError, load_folder, read_run
@@ -169,3 +169,14 @@ def test_the_latency_outside_the_engine_is_larger_behind_the_gateway():
         shifted = replay(run, spec, 2, policy_for(run.stack, {}), 0.0, latency_s=lat[run.stack[:4]])
         assert shifted.stats["ttft_p50"] == pytest.approx(float(np.median([r.ttft_s for r in run.rows])))
     assert 0 < lat["vllm"] < 0.015 and lat["llm-"] > lat["vllm"] + 0.01
+
+
+def test_the_step_floor_is_fitted_to_the_lowest_run_tpot():
+    spec = get_70b_preset("llama31-70b-a100-tp2")
+    run = next(r for r in load_folder(EXP2, ("short_input",), (0.5,)) if r.stack.startswith("vllm"))
+    fitted = fit_step_floor(run, spec, 2, "random")
+    assert 0 <= fitted.c_fix < spec.c_fix                 # vLLM's decode step is faster than the preset's
+    assert replace(fitted, c_fix=spec.c_fix) == spec      # nothing else moves
+    measured = float(np.median([r.tpot_ms for r in run.rows]))
+    assert replay(run, fitted, 2, "random").stats["tpot_p50"] == pytest.approx(measured, rel=0.02)
+    assert replay(run, spec, 2, "random").stats["tpot_p50"] > 1.1 * measured

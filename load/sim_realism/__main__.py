@@ -11,7 +11,7 @@ from pathlib import Path
 from load.sim.presets_70b import DEFAULT_GPU_MEMORY_UTILIZATION, PRESETS_70B, get_70b_preset
 
 from . import compare as C
-from .fit import fit_continued, fit_latency, fit_timeout
+from .fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
 from .lost import fill_lost
 from .replay import policy_for, replay
 from .runs import STATS, Run, RunsError, load_folder, measured
@@ -76,17 +76,18 @@ def evaluate(a: argparse.Namespace) -> dict:
     for (stack, wl), rs in sorted(groups.items()):
         policy = policy_for(stack, a.policies)
         timeout = fit_timeout(rs[0])
-        fit: dict = {"fitted_on_qps": rs[0].qps, "timeout_s": timeout}
+        fitted = fit_step_floor(rs[0], spec, a.replicas, policy, a.seed, timeout)
+        fit: dict = {"fitted_on_qps": rs[0].qps, "timeout_s": timeout, "c_fix_ms": fitted.c_fix}
         if a.continued is None:
-            share, target, got, low = fit_continued(rs[0], spec, a.replicas, policy, a.seed, timeout)
+            share, target, got, low = fit_continued(rs[0], fitted, a.replicas, policy, a.seed, timeout)
             fit.update(continued=share, measured_fast_share=target, simulated_fast_share=got)
         else:
-            low = replay(rs[0], spec, a.replicas, policy, a.continued, a.seed, timeout)
+            low = replay(rs[0], fitted, a.replicas, policy, a.continued, a.seed, timeout)
             fit.update(continued=a.continued, given=True)
         fit["latency_s"] = fit_latency(rs[0], low)
         pts = []
         for r in rs:
-            rp = replay(r, spec, a.replicas, policy, fit["continued"], a.seed, timeout, fit["latency_s"])
+            rp = replay(r, fitted, a.replicas, policy, fit["continued"], a.seed, timeout, fit["latency_s"])
             pts.append(C.Point(r.qps, len(r.rows), measured(r), rp.stats, rp.completed, rp.preemptions,
                                lost=len(r.lost)))
         s = C.Series(stack, wl, policy, pts, fit)
@@ -129,7 +130,7 @@ def render(res: dict) -> str:
         timeout = "no timeout" if f["timeout_s"] is None else f"timeout {f['timeout_s']:g} s"
         lines += ["", f"## {s['stack']} / {s['workload']} (policy {s['policy']}; continued prompts "
                       f"{f['continued']:.2f}, {how}; {timeout}, latency outside the engine "
-                      f"{f['latency_s'] * 1000:.1f} ms)",
+                      f"{f['latency_s'] * 1000:.1f} ms, step floor c_fix {f['c_fix_ms']:.2f} ms)",
                   "| QPS | rows (sim) | " + " | ".join(STATS) + " |", "|---" * (len(STATS) + 2) + "|"]
         for p in s["points"]:
             cells = [f"{_fmt(p['measured'][k])} / {_fmt(p['simulated'][k])} {p['verdict'][k]}" for k in STATS]

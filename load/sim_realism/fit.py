@@ -1,5 +1,10 @@
 """What the runs do not record, fitted on a stack's lowest-QPS run and predicted for the others.
 
+- The engine's fixed cost per step (``fit_step_floor``: the preset's ``c_fix``, kernel
+  launches, sampler, scheduler; what CUDA graphs and the vLLM build change): at low load
+  nearly every step is a small decode batch, so the TPOT median is the step time. ``c_fix``
+  is moved by the measured minus simulated TPOT median on the lowest-QPS run (twice, the
+  second pass correcting the first), never below 0.
 - The request timeout (``fit_timeout``): a request that takes longer than the stack's timeout
   is cut off and not recorded. A lowest-QPS run that lost requests (put back by ``lost``) shows
   it: the timeout is the smallest whole number of seconds above every recorded request's
@@ -40,6 +45,19 @@ def fast_share(spec: ServerSpec, prompts: Sequence[int], ttft_s: Sequence[float]
 
 def measured_fast_share(run: Run, spec: ServerSpec) -> float:
     return fast_share(spec, [r.prompt_tokens for r in run.rows], [r.ttft_s for r in run.rows])
+
+
+STEP_PASSES = 2
+
+
+def fit_step_floor(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: int = 0,
+                   timeout_s: float | None = None) -> ServerSpec:
+    """``spec`` with ``c_fix`` (ms per step) fitted to the run's TPOT median."""
+    measured = float(np.median([r.tpot_ms for r in run.rows if r.output_tokens > 1]))
+    for _ in range(STEP_PASSES):
+        got = replay(run, spec, replicas, policy, 0.0, seed, timeout_s).stats["tpot_p50"]
+        spec = spec.with_overrides({"c_fix": max(0.0, spec.c_fix + measured - got)})
+    return spec
 
 
 def fit_timeout(run: Run) -> float | None:
