@@ -14,8 +14,9 @@ from load.sim.server import ModelServer
 from load.sim.workloads import isolated_prefill_ms
 from load.sim_realism import compare as C
 from load.sim_realism.__main__ import main
-from load.sim_realism.fit import fit_continued
-from load.sim_realism.replay import replay, requests_of
+from load.sim_realism.fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
+from load.sim_realism.lost import fill_lost
+from load.sim_realism.replay import policy_for, replay, requests_of
 from load.sim_realism.runs import RunsError, load_folder, read_run
 from tests.test_sim_realism import _req
 
@@ -91,7 +92,7 @@ def test_continued_prompts_reuse_cached_kv_and_the_fit_finds_them():
     assert sum(max(0, r.hit_tokens) for r in warm.requests) > 0
     assert warm.stats["ttft_p50"] < cold.stats["ttft_p50"]
     assert [r.segments for r in requests_of(run, 16, 0.6, 3)] == [r.segments for r in requests_of(run, 16, 0.6, 3)]
-    share, target, got = fit_continued(run, spec, 2, "random")
+    share, target, got, _ = fit_continued(run, spec, 2, "random")
     assert 0 < share and abs(got - target) < 0.05
 
 
@@ -130,3 +131,52 @@ def test_cli_table_and_json_on_a_small_sample(tmp_path, capsys):
     assert {g["stat"] for g in res["gaps"]} == set(C.GAP_STATS)
     assert main(argv) == 0                                          # deterministic per seed
     assert json.loads(out.read_text()) == res
+
+
+def test_lost_requests_are_put_back_from_the_fixed_sequence_and_the_timeout_is_fitted():
+    runs = {(r.stack[:4], r.qps): r for r in fill_lost(load_folder(EXP2, ("sharegpt",), (0.5, 2.0)))}
+    lost2, full2 = runs[("llm-", 2.0)], runs[("vllm", 2.0)]
+    assert len(lost2.rows) == 203 and len(lost2.lost) == 49 and not full2.lost
+    sent = lost2.sent()                                 # the workload's sequence, every 0.5 s
+    assert [r.prompt_tokens for r in sent] == [r.prompt_tokens for r in full2.rows]
+    assert [r.arrival_s for r in sent] == pytest.approx([i / 2.0 for i in range(252)], abs=0.05)
+    assert fit_timeout(runs[("llm-", 0.5)]) == 30.0     # 4 lost; every recorded request under 30 s
+    assert fit_timeout(runs[("vllm", 0.5)]) is None
+
+
+def test_the_timeout_abandons_requests_and_only_finished_ones_are_measured():
+    run = fill_lost(load_folder(EXP2, ("sharegpt",), (2.0,)))[0]
+    run = replace(run, rows=tuple(r for r in run.rows if r.arrival_s < 40),
+                  lost=tuple(r for r in run.lost if r.arrival_s < 40))
+    spec = get_70b_preset("llama31-70b-a100-tp2")
+    free = replay(run, spec, 1, "random", 0.0)
+    cut = replay(run, spec, 1, "random", 0.0, timeout_s=20.0, latency_s=0.5)
+    assert free.completed == len(run.sent()) and 0 < cut.completed < free.completed
+    for r in cut.requests:
+        if r.abandoned:
+            assert r.finish_t < 0
+        else:
+            assert r.e2e_ms <= 19_500 + 1e-6           # the latency outside the engine counts too
+    assert cut.stats["ttft_p50"] >= 0.5                # measured as its client sees it
+
+
+def test_the_latency_outside_the_engine_is_larger_behind_the_gateway():
+    spec = get_70b_preset("llama31-70b-a100-tp2")
+    lat = {}
+    for run in load_folder(EXP2, ("short_input",), (0.5,)):
+        rp = replay(run, spec, 2, policy_for(run.stack, {}), 0.0)
+        lat[run.stack[:4]] = fit_latency(run, rp)
+        shifted = replay(run, spec, 2, policy_for(run.stack, {}), 0.0, latency_s=lat[run.stack[:4]])
+        assert shifted.stats["ttft_p50"] == pytest.approx(float(np.median([r.ttft_s for r in run.rows])))
+    assert 0 < lat["vllm"] < 0.015 and lat["llm-"] > lat["vllm"] + 0.01
+
+
+def test_the_step_floor_is_fitted_to_the_lowest_run_tpot():
+    spec = get_70b_preset("llama31-70b-a100-tp2")
+    run = next(r for r in load_folder(EXP2, ("short_input",), (0.5,)) if r.stack.startswith("vllm"))
+    fitted = fit_step_floor(run, spec, 2, "random")
+    assert 0 <= fitted.c_fix < spec.c_fix                 # vLLM's decode step is faster than the preset's
+    assert replace(fitted, c_fix=spec.c_fix) == spec      # nothing else moves
+    measured = float(np.median([r.tpot_ms for r in run.rows]))
+    assert replay(run, fitted, 2, "random").stats["tpot_p50"] == pytest.approx(measured, rel=0.02)
+    assert replay(run, spec, 2, "random").stats["tpot_p50"] > 1.1 * measured

@@ -11,7 +11,8 @@ from pathlib import Path
 from load.sim.presets_70b import DEFAULT_GPU_MEMORY_UTILIZATION, PRESETS_70B, get_70b_preset
 
 from . import compare as C
-from .fit import fit_continued
+from .fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
+from .lost import fill_lost
 from .replay import policy_for, replay
 from .runs import STATS, Run, RunsError, load_folder, measured
 
@@ -55,30 +56,40 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _limited(run: Run, limit: int) -> Run:
+    """The first ``limit`` recorded rows and the lost requests sent before the last of them."""
     if not limit or len(run.rows) <= limit:
         return run
-    return Run(run.stack, run.workload, run.qps, run.path, run.rows[:limit], run.t0)
+    rows = run.rows[:limit]
+    lost = tuple(r for r in run.lost if r.arrival_s < rows[-1].arrival_s)
+    return Run(run.stack, run.workload, run.qps, run.path, rows, run.t0, lost)
 
 
 def evaluate(a: argparse.Namespace) -> dict:
     spec = get_70b_preset(a.preset, a.gpu_memory_utilization)
-    runs = [_limited(r, a.limit) for r in load_folder(a.dir, tuple(a.workload), a.qps_list)]
+    runs = load_folder(a.dir, tuple(a.workload), a.qps_list)
+    pool = load_folder(a.dir, tuple(a.workload)) if a.qps_list else ()
+    runs = [_limited(r, a.limit) for r in fill_lost(runs, pool)]
     groups: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.stack, r.workload), []).append(r)
     series = []
     for (stack, wl), rs in sorted(groups.items()):
         policy = policy_for(stack, a.policies)
-        fit: dict = {"fitted_on_qps": rs[0].qps}
+        timeout = fit_timeout(rs[0])
+        fitted = fit_step_floor(rs[0], spec, a.replicas, policy, a.seed, timeout)
+        fit: dict = {"fitted_on_qps": rs[0].qps, "timeout_s": timeout, "c_fix_ms": fitted.c_fix}
         if a.continued is None:
-            share, target, got = fit_continued(rs[0], spec, a.replicas, policy, a.seed)
+            share, target, got, low = fit_continued(rs[0], fitted, a.replicas, policy, a.seed, timeout)
             fit.update(continued=share, measured_fast_share=target, simulated_fast_share=got)
         else:
+            low = replay(rs[0], fitted, a.replicas, policy, a.continued, a.seed, timeout)
             fit.update(continued=a.continued, given=True)
+        fit["latency_s"] = fit_latency(rs[0], low)
         pts = []
         for r in rs:
-            rp = replay(r, spec, a.replicas, policy, fit["continued"], a.seed)
-            pts.append(C.Point(r.qps, len(r.rows), measured(r), rp.stats, rp.completed, rp.preemptions))
+            rp = replay(r, fitted, a.replicas, policy, fit["continued"], a.seed, timeout, fit["latency_s"])
+            pts.append(C.Point(r.qps, len(r.rows), measured(r), rp.stats, rp.completed, rp.preemptions,
+                               lost=len(r.lost)))
         s = C.Series(stack, wl, policy, pts, fit)
         C.judge(s)
         series.append(s)
@@ -89,7 +100,8 @@ def evaluate(a: argparse.Namespace) -> dict:
         "bands": {"median": C.MEDIAN_BAND, "tail": C.TAIL_BAND, "saturation_jump": C.JUMP, "gap_tie": C.TIE},
         "series": [{"stack": s.stack, "workload": s.workload, "policy": s.policy, "fit": s.fit,
                     "saturation": s.saturation,
-                    "points": [{"qps": p.qps, "rows": p.rows, "completed": p.completed, "preemptions": p.preemptions,
+                    "points": [{"qps": p.qps, "rows": p.rows, "lost": p.lost, "completed": p.completed,
+                                "preemptions": p.preemptions,
                                 "measured": p.measured, "simulated": p.simulated,
                                 "ratio": {k: p.ratio(k) for k in STATS}, "verdict": p.verdict}
                                for p in s.points]} for s in series],
@@ -115,12 +127,14 @@ def render(res: dict) -> str:
                f"fitted on {f['fitted_on_qps']:g} QPS: fast-TTFT share {f['measured_fast_share']:.2f} measured, "
                f"{f['simulated_fast_share']:.2f} simulated")
         sat = s["saturation"]
+        timeout = "no timeout" if f["timeout_s"] is None else f"timeout {f['timeout_s']:g} s"
         lines += ["", f"## {s['stack']} / {s['workload']} (policy {s['policy']}; continued prompts "
-                      f"{f['continued']:.2f}, {how})",
-                  "| QPS | rows | " + " | ".join(STATS) + " |", "|---" * (len(STATS) + 2) + "|"]
+                      f"{f['continued']:.2f}, {how}; {timeout}, latency outside the engine "
+                      f"{f['latency_s'] * 1000:.1f} ms, step floor c_fix {f['c_fix_ms']:.2f} ms)",
+                  "| QPS | rows (sim) | " + " | ".join(STATS) + " |", "|---" * (len(STATS) + 2) + "|"]
         for p in s["points"]:
             cells = [f"{_fmt(p['measured'][k])} / {_fmt(p['simulated'][k])} {p['verdict'][k]}" for k in STATS]
-            lines.append(f"| {p['qps']:g} | {p['rows']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {p['qps']:g} | {p['rows']} ({p['completed']}) | " + " | ".join(cells) + " |")
         lines.append(f"saturation (TTFT p90 > {res['bands']['saturation_jump']:g}x lowest): measured "
                      f"{_qps(sat['measured_qps'])}, simulated {_qps(sat['simulated_qps'])} {sat['verdict']}")
     if res["gaps"]:

@@ -37,6 +37,7 @@ class Point:
     simulated: dict[str, float]
     completed: int = 0
     preemptions: int = 0
+    lost: int = 0             # requests the run sent but did not record, replayed (``lost``)
     verdict: dict[str, str] = field(default_factory=dict)   # stat -> PASS / FAIL / "-" (not judged)
 
     def ratio(self, stat: str) -> float:

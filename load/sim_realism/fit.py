@@ -1,19 +1,34 @@
-"""The one workload parameter the runs do not record, fitted on a stack's lowest-QPS run.
+"""What the runs do not record, fitted on a stack's lowest-QPS run and predicted for the others.
 
-Which prompts continue an earlier one (and so can reuse its cached KV) is not in the CSVs,
-but it shows at low load: a request whose TTFT is under half the time its prompt takes to
-prefill from scratch on the preset (``FAST``) reused cached tokens. ``fit_continued``
-chooses the share of continued prompts whose simulated fast share on the lowest-QPS run
-matches the measured one; the other runs are predicted with it.
+- The engine's fixed cost per step (``fit_step_floor``: the preset's ``c_fix``, kernel
+  launches, sampler, scheduler; what CUDA graphs and the vLLM build change): at low load
+  nearly every step is a small decode batch, so the TPOT median is the step time. ``c_fix``
+  is moved by the measured minus simulated TPOT median on the lowest-QPS run (twice, the
+  second pass correcting the first), never below 0.
+- The request timeout (``fit_timeout``): a request that takes longer than the stack's timeout
+  is cut off and not recorded. A lowest-QPS run that lost requests (put back by ``lost``) shows
+  it: the timeout is the smallest whole number of seconds above every recorded request's
+  launch-to-last-token time. A run that lost none has no timeout.
+- Which prompts continue an earlier one (and so can reuse its cached KV) is not in the CSVs,
+  but it shows at low load: a request whose TTFT is under half the time its prompt takes to
+  prefill from scratch on the preset (``FAST``) reused cached tokens. ``fit_continued``
+  chooses the share of continued prompts whose simulated fast share on the lowest-QPS run
+  matches the measured one.
+- The fixed latency outside the engine's steps (``fit_latency``: HTTP, the gateway and its
+  endpoint picker): the measured TTFT median minus the simulated one on the lowest-QPS run at
+  the fitted share, if positive (else 0).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from load.sim.stepmodel import ServerSpec
 from load.sim.workloads import isolated_prefill_ms
 
-from .replay import replay
+from .replay import Replay, finished, replay
 from .runs import Run
 
 FAST = 0.5
@@ -32,14 +47,42 @@ def measured_fast_share(run: Run, spec: ServerSpec) -> float:
     return fast_share(spec, [r.prompt_tokens for r in run.rows], [r.ttft_s for r in run.rows])
 
 
-def fit_continued(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: int = 0) -> tuple[float, float, float]:
-    """(fitted share of continued prompts, measured fast share, simulated fast share at the fit)."""
+STEP_PASSES = 2
+
+
+def fit_step_floor(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: int = 0,
+                   timeout_s: float | None = None) -> ServerSpec:
+    """``spec`` with ``c_fix`` (ms per step) fitted to the run's TPOT median."""
+    measured = float(np.median([r.tpot_ms for r in run.rows if r.output_tokens > 1]))
+    for _ in range(STEP_PASSES):
+        got = replay(run, spec, replicas, policy, 0.0, seed, timeout_s).stats["tpot_p50"]
+        spec = spec.with_overrides({"c_fix": max(0.0, spec.c_fix + measured - got)})
+    return spec
+
+
+def fit_timeout(run: Run) -> float | None:
+    """The request timeout (s) a run that lost requests shows; None if it lost none."""
+    if not run.lost:
+        return None
+    return float(math.floor(max(r.e2e_s for r in run.rows)) + 1)
+
+
+def fit_continued(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: int = 0,
+                  timeout_s: float | None = None) -> tuple[float, float, float, Replay]:
+    """(fitted share of continued prompts, measured fast share, simulated fast share at the fit,
+    the replay at the fit)."""
     target = measured_fast_share(run, spec)
-    best = (float("inf"), 0.0, float("nan"))
+    best: tuple = (float("inf"), 0.0, float("nan"), None)
     for share in GRID:
-        rp = replay(run, spec, replicas, policy, share, seed)
-        done = [r for r in rp.requests if r.done and not r.shed]
+        rp = replay(run, spec, replicas, policy, share, seed, timeout_s)
+        done = [r for r in rp.requests if finished(r)]
         got = fast_share(spec, [r.input_len for r in done], [r.ttft_ms / 1000.0 for r in done])
         if abs(got - target) < best[0] - 1e-12:
-            best = (abs(got - target), share, got)
-    return best[1], target, best[2]
+            best = (abs(got - target), share, got, rp)
+    return best[1], target, best[2], best[3]
+
+
+def fit_latency(run: Run, fitted: Replay) -> float:
+    """The fixed latency (s) outside the engine: measured minus simulated TTFT median, if positive."""
+    measured = float(np.median([r.ttft_s for r in run.rows]))
+    return max(0.0, measured - fitted.stats["ttft_p50"] + fitted.latency_s)

@@ -36,6 +36,11 @@ class Row:
     ttft_s: float
     tpot_ms: float            # generation_time / (output_tokens - 1); 0 for one-token outputs
 
+    @property
+    def e2e_s(self) -> float:
+        """Launch to last token (s)."""
+        return self.ttft_s + self.tpot_ms * max(self.output_tokens - 1, 0) / 1000.0
+
 
 @dataclass(frozen=True)
 class Run:
@@ -45,6 +50,13 @@ class Run:
     path: Path
     rows: tuple[Row, ...]
     t0: float = 0.0           # the first launch (Unix s): orders the runs of a stack in time
+    #: requests the run sent but did not record (timed out), put back by ``lost.fill_lost``:
+    #: launch time and lengths only (``ttft_s``, ``tpot_ms`` NaN); replayed, never measured
+    lost: tuple[Row, ...] = ()
+
+    def sent(self) -> list[Row]:
+        """Every request the run sent that is known, recorded or lost, in launch order."""
+        return sorted(self.rows + self.lost, key=lambda r: r.arrival_s)
 
 
 def _num(row: dict, key: str, where: str) -> float:
