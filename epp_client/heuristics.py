@@ -68,7 +68,7 @@ class HeuristicScheduler:
         pass
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         self.inflight.on_complete(request_id)
 
 

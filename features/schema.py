@@ -101,6 +101,10 @@ ENGINE_COEFFICIENTS: tuple[str, ...] = ("fixed_ms", "per_token_ms", "per_context
 #: the twin's TTFT at dispatch for the endpoint that served the request (its live error)
 ENGINE_TTFT_FIELD = WireField("engine_ttft_ms", "float", 0.0, MAX_LATENCY_MS, required=False,
                               doc="the engine twin's TTFT at dispatch, ms")
+#: the measured TTFT the engine sums go with, on an entry that is not itself a TTFT sample (the
+#: TPOT entry sent when the request ends, when the sums use the prompt's true length)
+ENGINE_ACTUAL_TTFT_FIELD = WireField("engine_actual_ttft_ms", "float", 0.0, MAX_LATENCY_MS, required=False,
+                                     doc="the request's measured TTFT the engine sums go with, ms")
 #: the endpoint that served the request and its class (model served and pod shape)
 ENGINE_NAME_FIELDS: tuple[str, ...] = ("engine_endpoint", "engine_class")
 MAX_ENGINE_NAME_LEN = 253
@@ -191,12 +195,14 @@ def parse_timestamp(value: Any, loc: tuple) -> float | None:
 @dataclass(frozen=True)
 class EngineObservation:
     """The engine fields of a training entry: the endpoint, its class, the five sums
-    (``ENGINE_FEATURE_FIELDS`` order) and the twin's TTFT at dispatch (0: not sent)."""
+    (``ENGINE_FEATURE_FIELDS`` order), the twin's TTFT at dispatch (0: not sent) and the
+    measured TTFT they go with when the entry is not a TTFT sample (0: the entry's own)."""
 
     endpoint: str
     engine_class: str
     features: tuple[float, float, float, float, float]
     twin_ttft_ms: float = 0.0
+    actual_ttft_ms: float = 0.0
 
 
 def _required_numbers(obj: dict, fields: Sequence[WireField], loc: tuple, missing: str = "field required"
@@ -232,9 +238,10 @@ def parse_engine_observation(obj: dict, loc: tuple = ()) -> EngineObservation | 
     values = _required_numbers(obj, ENGINE_FEATURE_FIELDS, loc, "field required with the engine fields")
     endpoint = _engine_name(obj, "engine_endpoint", loc)
     cls = _engine_name(obj, "engine_class", loc, DEFAULT_ENGINE_CLASS)
-    twin = obj.get(ENGINE_TTFT_FIELD.name)
-    twin_ms = 0.0 if twin is None else _check_number(twin, ENGINE_TTFT_FIELD, (*loc, ENGINE_TTFT_FIELD.name))
-    return EngineObservation(endpoint, cls, (values[0], values[1], values[2], values[3], values[4]), twin_ms)
+    twin_ms, actual_ms = (0.0 if obj.get(f.name) is None else _check_number(obj[f.name], f, (*loc, f.name))
+                          for f in (ENGINE_TTFT_FIELD, ENGINE_ACTUAL_TTFT_FIELD))
+    return EngineObservation(endpoint, cls, (values[0], values[1], values[2], values[3], values[4]), twin_ms,
+                             actual_ms)
 
 
 @dataclass(frozen=True)
@@ -317,7 +324,7 @@ def training_entry_json_schema() -> dict:
         props[f.name] = {"type": "number", "minimum": f.lo, "maximum": f.hi, "description": f.doc}
     props["timestamp"] = {"type": "string", "format": "date-time", "description": "RFC 3339; receive time when absent"}
     props["model_version"] = {"type": "string", "maxLength": MAX_MODEL_VERSION_LEN}
-    for f in (*ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD):
+    for f in (*ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD, ENGINE_ACTUAL_TTFT_FIELD):
         props[f.name] = {"type": "number", "minimum": f.lo, "description": f.doc}
     props["engine_endpoint"] = {"type": "string", "maxLength": MAX_ENGINE_NAME_LEN,
                                 "description": "the endpoint that served the request (required with the engine sums)"}

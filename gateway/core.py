@@ -366,7 +366,8 @@ class Gateway:
                 client_id: str, counted: bool = True) -> None:
         m = measure(obs, bobs, t0, t_first, t_end)
         ok = ok and m.ttft_ms is not None   # a stream that never produced a token trains nothing
-        self.driver.complete(decision, info, Outcome(ok, status, m.ttft_ms, m.e2e_ms, m.tokens, m.chunks), t_end)
+        outcome = Outcome(ok, status, m.ttft_ms, m.e2e_ms, m.tokens, m.chunks, m.prompt_tokens)
+        self.driver.complete(decision, info, outcome, t_end)
         if counted:
             self.metrics.requests.labels(path=path, status=str(status)).inc()
         self.metrics.observe(info, ep.name, ok, m.ttft_ms, m.tpot_ms, m.e2e_ms)

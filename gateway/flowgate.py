@@ -202,15 +202,16 @@ class FlowGate:
         self.inner.on_chunk(request_id, now, tokens)
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         live = self._live.pop(request_id, None)
         self._released.discard(request_id)
         try:
             if live is not None:
-                flow, prompt_tokens, priority = live
-                self.flow.controller.on_complete(flow, prompt_tokens, max(0, output_tokens or 0), priority)
+                flow, estimated_prompt, priority = live
+                self.flow.controller.on_complete(flow, estimated_prompt, max(0, output_tokens or 0), priority)
         finally:
-            self.inner.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
+            self.inner.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens,
+                                   prompt_tokens=prompt_tokens)
         if self._wake is not None:
             self._wake.set()
 

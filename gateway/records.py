@@ -40,6 +40,7 @@ class Measured:
     e2e_ms: float
     tokens: int
     chunks: int                # content events (streaming) or 1
+    prompt_tokens: int | None = None   # usage.prompt_tokens, when the response reports it
 
 
 def measure(obs, bobs, t0: float, t_first: float | None, t_end: float) -> Measured:
@@ -47,13 +48,13 @@ def measure(obs, bobs, t0: float, t_first: float | None, t_end: float) -> Measur
     streaming, else ``sse.BodyObserver``) and its times (monotonic seconds)."""
     e2e = (t_end - t0) * 1000.0
     if obs is not None:
-        tokens, chunks = obs.tokens, obs.content_events
+        tokens, chunks, prompt = obs.tokens, obs.content_events, obs.prompt_tokens
         ttft = (t_first - t0) * 1000.0 if t_first is not None else None
     else:
-        tokens, chunks = bobs.tokens or 0, 1
+        tokens, chunks, prompt = bobs.tokens or 0, 1, bobs.usage("prompt_tokens")
         ttft = e2e  # E2E mode: the whole reply is the "first token"
     tpot = (e2e - ttft) / (tokens - 1) if ttft is not None and obs is not None and tokens > 1 else None
-    return Measured(ttft, tpot, e2e, tokens, chunks)
+    return Measured(ttft, tpot, e2e, tokens, chunks, prompt)
 
 
 class Records:

@@ -39,6 +39,7 @@ class Outcome:
     e2e_ms: float | None
     tokens: int                            # generated tokens (usage when reported)
     chunks: int                            # content events (streaming) or 1
+    prompt_tokens: int | None = None       # usage.prompt_tokens when reported (the engine sums' true length)
 
 
 @dataclass
@@ -164,7 +165,8 @@ class Driver:
 
     def complete(self, routing: Routing, request: InferenceRequest, outcome: Outcome, now: float) -> None:
         self.hook(routing, "on_complete", request.request_id, now, status=outcome.status or 599,
-                  aborted=not outcome.ok, output_tokens=outcome.tokens if outcome.tokens > 0 else None)
+                  aborted=not outcome.ok, output_tokens=outcome.tokens if outcome.tokens > 0 else None,
+                  prompt_tokens=outcome.prompt_tokens or None)
 
     async def aclose(self) -> None:
         await aclose_policy(self.policy)

@@ -27,10 +27,11 @@ def _has_content(obj: dict) -> bool:
     return False
 
 
-def _usage_tokens(obj: dict) -> int | None:
+def _usage_tokens(obj: dict, key: str = "completion_tokens") -> int | None:
+    """``usage[key]`` of a response object (``completion_tokens``, ``prompt_tokens``), if a count."""
     u = obj.get("usage")
     if isinstance(u, dict):
-        v = u.get("completion_tokens")
+        v = u.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return v
     return None
@@ -43,6 +44,7 @@ class StreamObserver:
         self._buf = bytearray()
         self.content_events = 0
         self.usage_tokens: int | None = None
+        self.prompt_tokens: int | None = None     # usage.prompt_tokens, when the stream reports usage
         self.done = False
         self.error_event = False
 
@@ -82,6 +84,7 @@ class StreamObserver:
         u = _usage_tokens(obj)
         if u is not None:
             self.usage_tokens = u
+            self.prompt_tokens = _usage_tokens(obj, "prompt_tokens")
         if _has_content(obj):
             self.content_events += 1
             return 1
@@ -107,15 +110,19 @@ class BodyObserver:
             else:
                 self._buf += chunk
 
-    @property
-    def tokens(self) -> int | None:
+    def usage(self, key: str = "completion_tokens") -> int | None:
+        """``usage[key]`` of the body (None: overflowed, not JSON or not reported)."""
         if self.overflow:
             return None
         try:
             obj = orjson.loads(bytes(self._buf))
         except orjson.JSONDecodeError:
             return None
-        return _usage_tokens(obj) if isinstance(obj, dict) else None
+        return _usage_tokens(obj, key) if isinstance(obj, dict) else None
+
+    @property
+    def tokens(self) -> int | None:
+        return self.usage()
 
 
 def error_event(message: str, code: int = 502) -> bytes:

@@ -13,7 +13,7 @@ from epp_client.engine.twin import Running, StepModel, placement
 from epp_client.framework.loader import build_scheduler
 from epp_client.training import ListSink
 from epp_client.types import Endpoint, InferenceRequest
-from features.schema import parse_training_entry
+from features.schema import ENGINE_FEATURE_FIELDS, parse_training_entry
 from support.engine import HARM_CONFIG, FixedPredictor
 
 
@@ -73,10 +73,11 @@ def test_no_first_token_within_max_steps_gives_no_sums():
     assert placement(m, 64, running, 1000, 0, max_steps=50).ttft_ms == math.inf
 
 
-def test_the_ttft_entry_carries_the_twins_view_at_dispatch():
+def test_the_tpot_entry_carries_the_twins_view_at_dispatch():
     """Through a real scheduler: the decode-harm filter computes the step sums on the picked
     endpoint at dispatch (with requests already running there), the producer sends them with the
-    TTFT entry (the TPOT entry has none), and c . F / speed is the twin's TTFT it reports."""
+    TPOT entry when the request ends, with the measured TTFT they go with (the TTFT entry, sent at
+    the first token, has none), and c . F / speed is the twin's TTFT it reports."""
     sink = ListSink()
     clock = [0.0]
     sched = build_scheduler(HARM_CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
@@ -91,15 +92,55 @@ def test_the_ttft_entry_carries_the_twins_view_at_dispatch():
         assert req.engine_view is None          # consumed by the producer
         clock[0] += 0.01
     for i in range(3):
-        sched.on_first_chunk(f"r{i}", now=clock[0] + 0.2, tokens=1)
-        sched.on_chunk(f"r{i}", now=clock[0] + 0.3, tokens=1)
-        sched.on_complete(f"r{i}", now=clock[0] + 0.4)
+        sched.on_first_chunk(f"r{i}", now=clock[0] + 0.2 + 0.1 * i, tokens=1)
+        sched.on_chunk(f"r{i}", now=clock[0] + 0.6, tokens=1)
+        sched.on_complete(f"r{i}", now=clock[0] + 0.7)
     ttft = [e for e in sink.entries if e["actual_ttft_ms"] > 0]
     tpot = [e for e in sink.entries if e["actual_tpot_ms"] > 0]
-    assert len(ttft) == 3 and tpot and not any("engine_steps" in e for e in tpot)
-    for e in ttft:
+    assert len(ttft) == len(tpot) == 3 and not any("engine_steps" in e for e in ttft)
+    for e, first in zip(tpot, ttft):
         parsed = parse_training_entry(e).engine
         assert parsed is not None and parsed.endpoint == "pod-a" and parsed.engine_class == "-|a100"
+        assert parsed.actual_ttft_ms == first["actual_ttft_ms"] == e["engine_actual_ttft_ms"] > 0
         assert e["engine_ttft_ms"] == pytest.approx(twin_ttft(StepModel(), parsed.features), rel=1e-12)
     # the third request queued behind two prefills it was dispatched after: more steps, more tokens
-    assert ttft[2]["engine_step_tokens"] > ttft[0]["engine_step_tokens"]
+    assert tpot[2]["engine_step_tokens"] > tpot[0]["engine_step_tokens"]
+
+
+def _engine_entry(estimate: int, *, running: int, true_tokens: int | None) -> dict:
+    """The entry with the twin's view of a request estimated at ``estimate`` prompt tokens,
+    dispatched behind ``running`` others, whose response reports ``true_tokens`` (None: no usage)."""
+    sink = ListSink()
+    clock = [0.0]
+    sched = build_scheduler(HARM_CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
+                            wall_clock=lambda: 1e9 + clock[0])
+    eps = [Endpoint(name="pod-a")]
+    for i in range(running + 1):
+        req = InferenceRequest(request_id=f"r{i}", input_tokens=600 if i < running else estimate, streaming=True,
+                               headers={"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "50"})
+        res = sched.schedule(req, eps, now=clock[0])
+        assert res.ok
+        sched.pre_request(req, res, now=clock[0])
+    last = f"r{running}"
+    sched.on_first_chunk(last, now=0.5, tokens=1)
+    sched.on_chunk(last, now=0.6, tokens=1)
+    sched.on_complete(last, now=0.7, prompt_tokens=true_tokens)
+    return next(e for e in sink.entries if e.get("engine_endpoint"))
+
+
+@pytest.mark.parametrize("running", [0, 3])
+def test_the_engine_sums_sent_use_the_prompts_true_length_the_response_reports(running):
+    """The router schedules with the gateway's estimate of the prompt; the engine ran the true
+    count, which the response reports at the end (usage.prompt_tokens). The sums sent with it are
+    those of the same schedule with the true length (what a request estimated at the true length
+    gets), the twin's TTFT stays the one it routed with, and the latency features keep the
+    estimate the predictor was asked with."""
+    exact = _engine_entry(1300, running=running, true_tokens=None)
+    corrected = _engine_entry(1000, running=running, true_tokens=1300)
+    estimated = _engine_entry(1000, running=running, true_tokens=None)
+    sums = [f.name for f in ENGINE_FEATURE_FIELDS]
+    assert [corrected[k] for k in sums] == pytest.approx([exact[k] for k in sums], rel=1e-12)
+    assert corrected["engine_step_tokens"] > estimated["engine_step_tokens"]
+    assert corrected["engine_prefill_pairs"] > estimated["engine_prefill_pairs"]
+    assert corrected["engine_ttft_ms"] == estimated["engine_ttft_ms"] < exact["engine_ttft_ms"]
+    assert corrected["input_token_length"] == estimated["input_token_length"] == 1000

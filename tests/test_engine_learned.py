@@ -82,13 +82,15 @@ def test_the_filter_steps_each_endpoint_with_its_learned_model(learn):
         assert outcomes[c.name] == placement(model, f.prefill_chunk_tokens, c.prediction.running_decodes(), 3000, 0)
     if learn:   # pod-b at a quarter of pod-a's speed: four times the TTFT
         assert outcomes["pod-b"].ttft_ms == pytest.approx(4 * outcomes["pod-a"].ttft_ms, rel=1e-9)
-    # dispatched: the sums its TTFT entry carries (from the columns: every request there decodes)
+    # dispatched: the sums its TPOT entry carries (from the columns: every request there decodes)
     # are the twin's over the endpoint's running requests, with the endpoint's step model
     picked = res.endpoint
     model = f.step_models.for_endpoint("default", picked.name)
     want = step_features(model, f.prefill_chunk_tokens, picked.prediction.running_decodes(), 3000, 0)
     sched.pre_request(req, res, now=clock[0])
     sched.on_first_chunk("new", now=clock[0] + 1.0, tokens=1)
+    sched.on_chunk("new", now=clock[0] + 1.1, tokens=1)
+    sched.on_complete("new", now=clock[0] + 1.2)
     entry = [e for e in sink.entries if e.get("engine_endpoint")][-1]     # the new request's
     assert entry["engine_endpoint"] == picked.name and entry["engine_class"] == "default"
     assert tuple(entry[k.name] for k in ENGINE_FEATURE_FIELDS) == want

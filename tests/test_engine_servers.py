@@ -43,16 +43,20 @@ def test_the_engine_step_model_travels_from_the_entries_to_the_epp(tmp_path):
             assert r.json()["detail"][0]["loc"] == ["body", "entries", 0, "engine_prefill_pairs"]
             for i in range(0, len(entries), 500):
                 assert t.post("/add_training_data_bulk", json={"entries": entries[i:i + 500]}).status_code == 202
-            end = time.monotonic() + 90
-            while p.get("/v1/engine").status_code != 200:
-                assert time.monotonic() < end, "no engine section reached the prediction server"
+            # the worker refits as rows arrive: wait for the section fitted on all of them
+            n_ttft = sum(1 for e in entries if e["actual_ttft_ms"] > 0)
+            end = time.monotonic() + 120
+            while True:
+                r = p.get("/v1/engine")
+                if r.status_code == 200 and r.json()["engine"]["rows"] == n_ttft:
+                    break
+                assert time.monotonic() < end, "no engine section of every row reached the prediction server"
                 time.sleep(0.1)
-            served = p.get("/v1/engine").json()
+            served = r.json()
             manifest = Manifest.from_json(t.get("/v1/bundles/latest").json())
             assert manifest.to_json()["engine"] == served["engine"] == t.get("/v1/engine").json()["engine"]
             assert served["model_version"] == manifest.version == p.get("/status").json()["model_version"]
             cls = served["engine"]["classes"]["llama|a100"]
-            n_ttft = sum(1 for e in entries if e["actual_ttft_ms"] > 0)
             assert cls["n_train"] + cls["n_heldout"] == n_ttft and cls["heldout_error"] < 0.05
             learned = {e: v["speed"] for e, v in cls["endpoints"].items()}
             assert set(learned) == set(SPEEDS)

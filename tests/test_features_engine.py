@@ -47,6 +47,8 @@ def test_the_engine_fields_parse_into_an_observation():
     ("engine_endpoint", 7, "must be a string"),
     ("engine_class", "x" * 300, "longer than"),
     ("engine_ttft_ms", -5.0, "out of range"),
+    ("engine_actual_ttft_ms", -1.0, "out of range"),
+    ("engine_actual_ttft_ms", "700", "must be a number"),
 ])
 def test_a_bad_engine_field_is_refused_naming_it(field, value, msg):
     bad = dict(ENGINE, **{field: value})

@@ -176,7 +176,7 @@ def test_every_plugin_with_request_hooks_follows_the_request_in_one_order():
         def on_chunk(self, request_id, now=None, tokens=None):
             calls.append((self.name, "on_chunk"))
 
-        def on_complete(self, request_id, now=None, *, status=200, aborted=False, output_tokens=None):
+        def on_complete(self, request_id, now=None, *, status=200, aborted=False, output_tokens=None, prompt_tokens=None):
             calls.append((self.name, f"on_complete:{status}"))
 
         def discard(self, request_id):

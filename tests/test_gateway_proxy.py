@@ -105,6 +105,39 @@ def test_the_policy_hears_every_streamed_token(engines):
         srv.stop()
 
 
+class CompletionUsage(FixedOrder):
+    """FixedOrder that records the prompt length each request's completion reports to the policy."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompt_tokens = {}
+
+    def on_complete(self, request_id, now=None, *, status=200, aborted=False, output_tokens=None,
+                    prompt_tokens=None):
+        super().on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens,
+                            prompt_tokens=prompt_tokens)
+        self.prompt_tokens[request_id] = prompt_tokens
+
+
+@pytest.mark.parametrize("body,reported", [
+    ({"prompt": "x", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}, 10),
+    ({"prompt": "x", "max_tokens": 3, "stream": True}, None),
+    ({"prompt": "x", "max_tokens": 3}, 10),
+])
+def test_the_policy_hears_the_prompt_length_the_engine_reports(engines, body, reported):
+    """The engine's usage.prompt_tokens (the true count; the gateway routed with its byte-based
+    estimate) reaches the policy's on_complete when the response reports usage: the producer's
+    engine sums for learning the twin use it."""
+    router = CompletionUsage()
+    gw, srv = start_gateway([engines[0].url], router)
+    try:
+        assert httpx.post(srv.url + "/v1/completions", json=body).status_code == 200
+        assert wait_until(lambda: gw.records and gw.records[-1].ok)
+        assert router.prompt_tokens[gw.records[-1].request_id] == reported
+    finally:
+        srv.stop()
+
+
 def test_streaming_is_forwarded_chunk_by_chunk(engines):
     eng = engines[0]
     eng.state.token_delay = 0.3

@@ -12,13 +12,14 @@ ENGINE = {"engine_endpoint": "pod-a", "engine_class": "llama|a100", "engine_step
           "engine_ttft_ms": 95.5}
 
 
-def store_entry(i: int, engine: dict | None) -> TrainingEntry:
+def store_entry(i: int, engine: dict | None, ttft_ms: float | None = None, tpot_ms: float = 0.0) -> TrainingEntry:
     raw = [0.0] * len(RAW_COLUMNS)
     raw[COL["input_token_length"]] = 100 + i
     return parse_training_entry({**{k: raw[COL[k]] for k in ("kv_cache_percentage", "input_token_length",
                                                              "num_request_waiting", "num_request_running",
                                                              "num_tokens_generated", "prefix_cache_score")},
-                                 "actual_ttft_ms": 50.0 + i, "actual_tpot_ms": 0.0, **(engine or {})})
+                                 "actual_ttft_ms": 50.0 + i if ttft_ms is None else ttft_ms,
+                                 "actual_tpot_ms": tpot_ms, **(engine or {})})
 
 
 def test_a_store_from_before_the_engine_columns_opens_keeps_its_rows_and_stores_them(tmp_path):
@@ -49,3 +50,23 @@ def test_a_store_from_before_the_engine_columns_opens_keeps_its_rows_and_stores_
         assert reopened.rows == 7 and len(reopened.read_engine_rows(2).ids) == 2
     finally:
         reopened.close()
+
+
+
+def test_sums_sent_with_a_tpot_entry_are_fitted_against_the_ttft_sent_with_them(tmp_path):
+    """The EPP sends the engine sums with the TPOT entry (at the request's end, with the prompt's
+    true length) and the measured TTFT they go with: the engine rows read that TTFT; a TPOT entry
+    with sums but no TTFT is no engine row; the latency targets stay the entry's own."""
+    store = SampleStore(tmp_path / "s.sqlite3", max_rows=1000, queue_size=1000, test_ratio=0.1).open()
+    try:
+        entries = [store_entry(0, ENGINE),                                                 # a TTFT entry
+                   store_entry(1, {**ENGINE, "engine_actual_ttft_ms": 700.0}, 0.0, 20.0),  # a TPOT entry
+                   store_entry(2, ENGINE, 0.0, 21.0),                                      # no TTFT to fit
+                   store_entry(3, None, 0.0, 22.0)]
+        assert entries[1].engine.actual_ttft_ms == 700.0 and entries[1].actual_ttft_ms == 0.0
+        store.submit(entries_to_rows(entries)).result(10)
+        rows = store.read_engine_rows(100)
+        assert rows.ttft_ms.tolist() == [50.0, 700.0]
+        assert store.rows == 4
+    finally:
+        store.close()

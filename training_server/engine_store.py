@@ -1,8 +1,9 @@
 """The engine fields of stored samples: columns of the sample store's ``samples`` table.
 
 A training entry with the engine fields (``features.schema.EngineObservation``) stores the
-endpoint, its class, the five step sums and the twin's TTFT beside its features; one without
-stores ``''`` and zeros. The columns are added to a store created before they existed
+endpoint, its class, the five step sums, the twin's TTFT and the measured TTFT they go with
+(when the entry is not the TTFT sample itself) beside its features; one without stores ``''``
+and zeros. The columns are added to a store created before they existed
 (:func:`migrate`, at open: ``ALTER TABLE ... ADD COLUMN``, additive, so an old data directory
 opens and keeps its rows), with a partial index over the rows that have them. The engine fit
 reads the newest of those rows (:func:`read_engine_rows`).
@@ -18,9 +19,11 @@ from features.schema import ENGINE_FEATURE_FIELDS, TrainingEntry
 
 #: the stored engine columns, in row order (before the stratum, the row's last column)
 ENGINE_COLUMNS: tuple[str, ...] = ("engine_endpoint", "engine_class", *(f.name for f in ENGINE_FEATURE_FIELDS),
-                                   "engine_ttft_ms")
+                                   "engine_ttft_ms", "engine_actual_ttft_ms")
 _DECLS = {"engine_endpoint": "TEXT NOT NULL DEFAULT ''", "engine_class": "TEXT NOT NULL DEFAULT ''"}
-_NO_ENGINE = ("", "", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_NO_ENGINE = ("", "", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+#: the measured TTFT of an engine row: the sample's own (a TTFT entry) or the one sent with the sums
+_MEASURED = "(CASE WHEN actual_ttft_ms > 0 THEN actual_ttft_ms ELSE engine_actual_ttft_ms END)"
 
 
 def engine_values(e: TrainingEntry) -> tuple:
@@ -28,7 +31,7 @@ def engine_values(e: TrainingEntry) -> tuple:
     o = e.engine
     if o is None:
         return _NO_ENGINE
-    return (o.endpoint, o.engine_class, *o.features, o.twin_ttft_ms)
+    return (o.endpoint, o.engine_class, *o.features, o.twin_ttft_ms, o.actual_ttft_ms)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -52,10 +55,11 @@ class EngineRows:
 
 
 def read_engine_rows(conn: sqlite3.Connection, limit: int) -> EngineRows:
-    """The newest ``limit`` stored rows with engine fields and a measured TTFT, oldest first."""
+    """The newest ``limit`` stored rows with engine fields and a measured TTFT (the sample's, or
+    the one sent with the sums), oldest first."""
     sums = ", ".join(f.name for f in ENGINE_FEATURE_FIELDS)
-    data = conn.execute(f"SELECT id, engine_endpoint, engine_class, {sums}, actual_ttft_ms FROM samples "
-                        "WHERE engine_endpoint != '' AND actual_ttft_ms > 0 ORDER BY id DESC LIMIT ?",
+    data = conn.execute(f"SELECT id, engine_endpoint, engine_class, {sums}, {_MEASURED} FROM samples "
+                        f"WHERE engine_endpoint != '' AND {_MEASURED} > 0 ORDER BY id DESC LIMIT ?",
                         (int(limit),)).fetchall()
     data.reverse()
     k = len(ENGINE_FEATURE_FIELDS)

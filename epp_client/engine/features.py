@@ -22,9 +22,13 @@ request, not per candidate).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from epp_client.engine.twin import Running, StepModel, _start
+
+#: the five sums, or None (no first token within the step bound)
+Sums = tuple[float, float, float, float, float]
 
 #: the sums, in the order of the step model's coefficients (features.schema.ENGINE_FEATURE_FIELDS)
 FEATURES = ("steps", "step_tokens", "step_context", "decode_steps", "prefill_pairs")
@@ -32,12 +36,28 @@ FEATURES = ("steps", "step_tokens", "step_context", "decode_steps", "prefill_pai
 
 class EngineView(NamedTuple):
     """The twin's view of a request at dispatch on the endpoint it goes to: what its TTFT
-    training entry carries (the wire's ``engine_*`` fields)."""
+    training entry carries (the wire's ``engine_*`` fields). ``redo(prompt_tokens,
+    cached_tokens)`` recomputes ``features`` on the same schedule for another prompt length:
+    the router schedules with the gateway's estimate of the prompt, the engine ran the true
+    count, which the response reports (``usage.prompt_tokens``) at the end; the sums sent for
+    learning use it (:meth:`for_prompt`), so the fit is not biased by the estimate's error."""
 
     endpoint: str
     engine_class: str
-    features: tuple[float, float, float, float, float]
+    features: Sums
     ttft_ms: float          # the twin's TTFT: coefficients . features / speed
+    prompt_tokens: int = 0  # the prompt length the features were computed with (the estimate)
+    cached_tokens: int = 0  # of which the router's prefix index found cached
+    redo: Callable[[int, int], Sums | None] | None = None
+
+    def for_prompt(self, true_tokens: int | None) -> Sums:
+        """The features with the prompt's true token count (its cached part scaled alike); the
+        dispatch-time features when the count is unknown or the same, or the twin gives none."""
+        if not true_tokens or true_tokens <= 0 or true_tokens == self.prompt_tokens or self.redo is None:
+            return self.features
+        cached = round(self.cached_tokens * true_tokens / self.prompt_tokens) if self.prompt_tokens > 0 else 0
+        redone = self.redo(int(true_tokens), min(int(true_tokens), cached))
+        return self.features if redone is None else redone
 
 
 def twin_ttft(model: StepModel, features: tuple[float, ...]) -> float:

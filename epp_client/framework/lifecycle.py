@@ -10,7 +10,8 @@ policy through these calls, with real or simulated time::
     lc.pre_request(request, res, now, endpoint=other)   # a retry elsewhere (gateway)
     lc.on_first_chunk(request.request_id, now, tokens)  # first token / body chunk
     lc.on_chunk(request.request_id, now, tokens)        # later chunks (optional)
-    lc.on_complete(request.request_id, now, status=..., aborted=..., output_tokens=...)
+    lc.on_complete(request.request_id, now, status=..., aborted=..., output_tokens=...,
+                   prompt_tokens=...)                    # the response's usage, when reported
 
 ``inflight`` is the lifecycle's :class:`~epp_client.plugins.producer.inflight_load.InFlightTracker`, the one
 count of the requests and uncached prompt tokens it has in flight per endpoint.
@@ -98,7 +99,7 @@ class RequestLifecycle(Protocol):
     def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None: ...
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None: ...
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None: ...
 
 
 def ensure_request_id(request: InferenceRequest) -> str:

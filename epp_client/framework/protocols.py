@@ -46,7 +46,8 @@ class RequestHooks(Protocol):
     def on_chunk(self, request_id: str, now: float | None = None, tokens: int | None = None) -> None: ...
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200,
-                    aborted: bool = False, output_tokens: int | None = None) -> None: ...
+                    aborted: bool = False, output_tokens: int | None = None,
+                    prompt_tokens: int | None = None) -> None: ...
 
     def discard(self, request_id: str) -> None: ...
 
@@ -64,7 +65,7 @@ class RequestHooksBase:
         return None
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200,
-                    aborted: bool = False, output_tokens: int | None = None) -> None:
+                    aborted: bool = False, output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         return None
 
     def discard(self, request_id: str) -> None:

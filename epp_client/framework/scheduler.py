@@ -222,6 +222,7 @@ class Scheduler:
             h.on_chunk(request_id, now, tokens)
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         for h in self.hooks:
-            h.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens)
+            h.on_complete(request_id, now, status=status, aborted=aborted, output_tokens=output_tokens,
+                          prompt_tokens=prompt_tokens)

@@ -283,7 +283,8 @@ class LifecycleRouter(BaseRouter):
             self.lifecycle.on_complete(str(req.rid), now=now, status=499, aborted=True,
                                        output_tokens=req.generated or None)
         else:
-            self.lifecycle.on_complete(str(req.rid), now=now, output_tokens=req.output_len)
+            self.lifecycle.on_complete(str(req.rid), now=now, output_tokens=req.output_len,
+                                       prompt_tokens=req.input_len)    # the response's usage
         req.ctx = None
 
     def on_abandon(self, req: SimRequest, now: float) -> None:

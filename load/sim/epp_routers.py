@@ -62,8 +62,8 @@ TWIN_ERROR_AFTER = 1000
 
 def twin_error(errors: list[float]) -> dict:
     """The engine twin's TTFT error for the chosen endpoint: the median of |twin TTFT at dispatch /
-    measured TTFT - 1| over the requests with a first token (``twin_ttft_error``), over the last
-    half of them and over those after the first ``TWIN_ERROR_AFTER``; none without the twin."""
+    measured TTFT - 1| over the requests completed with more than one token (``twin_ttft_error``), over the last
+    half of them and over those after the first ``TWIN_ERROR_AFTER`` completed; none without the twin."""
     if not errors:
         return {}
     out = {"twin_ttft_n": len(errors), "twin_ttft_error": float(np.median(errors)),
@@ -83,11 +83,11 @@ class _Sink:
         self.quantile = quantile
         # in-loop accuracy of what was predicted for the chosen endpoint: n, covered, |err|/actual, pinball
         self.acc = {"ttft": [0, 0, 0.0, 0.0], "tpot": [0, 0, 0.0, 0.0]}
-        #: per TTFT entry with the twin's view (in first-token order): |twin TTFT / measured - 1|
+        #: per entry with the twin's view (the TPOT entry, in completion order): |twin TTFT / measured - 1|
         self.twin_errors: list[float] = []
 
     def _score(self, e: dict) -> None:
-        twin, y = e.get("engine_ttft_ms", 0) or 0, e.get("actual_ttft_ms", 0) or 0
+        twin, y = e.get("engine_ttft_ms", 0) or 0, e.get("engine_actual_ttft_ms", 0) or 0
         if twin > 0 and y > 0:
             self.twin_errors.append(abs(twin / y - 1.0))
         q = self.quantile

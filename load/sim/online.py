@@ -133,15 +133,16 @@ class OnlineLearner:
         } | self._engine()
 
     def _engine(self) -> dict:
-        """The served engine section in brief: per class its held-out error and rows, and per
-        endpoint its learned speed (relative to its class)."""
+        """The served engine section in brief: per class its held-out error, rows and learned step
+        coefficients, and per endpoint its learned speed (relative to its class)."""
         engine = self.service.registry.served.manifest.engine
         if engine is None:
             return {}
         classes = engine["classes"]
         return {"engine_heldout_error": {c: s.get("heldout_error") for c, s in classes.items()},
                 "engine_rows": {c: s["n_train"] + s["n_heldout"] for c, s in classes.items()},
-                "engine_speeds": {e: v["speed"] for s in classes.values() for e, v in s["endpoints"].items()}}
+                "engine_speeds": {e: v["speed"] for s in classes.values() for e, v in s["endpoints"].items()},
+                "engine_coefficients": {c: dict(s["coefficients"]) for c, s in classes.items()}}
 
     def close(self) -> None:
         try:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .runs import Row, Run
+from .runs import Run
 
 #: how far from a whole number of spacings (a fraction of one) two successive launches may be
 GRID_TOL = 0.25

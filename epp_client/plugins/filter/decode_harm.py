@@ -57,6 +57,7 @@ prediction only when none has one); the scorer gives ``1 / (1 + count)``, 0 with
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from epp_client.engine.features import EngineView, decoding_features, step_features, twin_ttft
@@ -214,13 +215,14 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         view = columns() if columns is not None else None
         i = view.index.get(e.name, view.size) if view is not None else 0
         if view is not None and i < view.size and not view.general[i] and view.decodes[i]:   # all decoding
-            f = decoding_features(self.prefill_chunk_tokens, view.decodes[i], view.context[i], prompt, cached,
-                                  self.max_steps)
+            redo = partial(decoding_features, self.prefill_chunk_tokens, int(view.decodes[i]), float(view.context[i]),
+                           max_steps=self.max_steps)
         else:
-            f = step_features(model, self.prefill_chunk_tokens, e.prediction.running_decodes(), prompt, cached,
-                              self.max_steps)
+            redo = partial(step_features, model, self.prefill_chunk_tokens, e.prediction.running_decodes(),
+                           max_steps=self.max_steps)
+        f = redo(prompt, cached)
         if f is not None:
-            request.engine_view = EngineView(e.name, cls, f, twin_ttft(model, f))
+            request.engine_view = EngineView(e.name, cls, f, twin_ttft(model, f), prompt, cached, redo)
 
     def use_engine_model(self, model: EngineModel) -> None:
         """Judge placements with ``model`` instead of the engine twin (a reference that knows the

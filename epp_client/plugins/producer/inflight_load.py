@@ -106,7 +106,7 @@ class InFlightTracker(RequestHooksBase, Plugin):
                 self._release([en], tokens_only=True)
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         entries = self._requests.pop(request_id, None)
         if entries:
             self._release(entries, tokens_only=False)

@@ -10,7 +10,8 @@ discrete-event simulator can drive it with simulated time::
                                              #   (or one Endpoint / a list: primary profile)
     on_first_chunk(request_id, now=None, tokens=None)
     on_chunk(request_id, now=None, tokens=None)
-    on_complete(request_id, now=None, *, status=200, aborted=False, output_tokens=None)
+    on_complete(request_id, now=None, *, status=200, aborted=False, output_tokens=None,
+                prompt_tokens=None)          # the response's usage, when it reports them
 
 Its jobs, one module each beside this one: the feature rows and training entries it sends
 (:mod:`.samples`), the predictions with their SLO headroom (:mod:`.predictions`), the request
@@ -221,8 +222,10 @@ class PredictedLatencyProducer(Plugin):
             ctx.tokens += tokens
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
-        """End of stream (or abort). Aborted / non-2xx responses train nothing (A.2.3)."""
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
+        """End of stream (or abort). Aborted / non-2xx responses train nothing (A.2.3).
+        ``prompt_tokens``: the prompt's true length when the response reported it
+        (``usage.prompt_tokens``): the TPOT entry's engine sums are computed with it."""
         now = self.clock() if now is None else now
         ctx = self._cache.get(request_id, now)
         self.running.remove(request_id)
@@ -257,7 +260,7 @@ class PredictedLatencyProducer(Plugin):
         ttft = ctx.ttft_ms if ctx.ttft_ms >= 1 else 0.0
         avg_tpot = (e2e_ms - ttft) / (n - 1)
         if avg_tpot > 0:
-            self._samples.tpot(ctx, avg_tpot)
+            self._samples.tpot(ctx, avg_tpot, prompt_tokens)
 
     def dump_state(self, max_endpoints: int = 100) -> dict:
         """The debug state (B1.8, :func:`.debug_state.dump_state`)."""

@@ -4,8 +4,9 @@ when the request completes (``actual_*``, ``timestamp`` from ``wall_clock``, the
 the chosen endpoint, A.2.4). ``pod_type`` is sent only for the label values the wire contract
 knows (``prefill``, ``decode``); other role values are omitted. A row of an endpoint without
 scraped metrics is marked ``_no_metrics``: it is predicted (without the mark) and never trained on.
-The TTFT entry carries the engine twin's view of the request at dispatch (the ``engine_*``
-fields, docs/wire-api.md §1.3) when a ``decode-harm`` plugin gave one.
+The TPOT entry carries the engine twin's view of the request at dispatch (the ``engine_*``
+fields, docs/wire-api.md §1.3) when a ``decode-harm`` plugin gave one: sent when the request
+ends, so its sums use the prompt's true length when the response reported it.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from epp_client.plugins.producer.request_state import RequestContext
 from epp_client.types import Endpoint
-from features.schema import ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD
+from features.schema import ENGINE_ACTUAL_TTFT_FIELD, ENGINE_FEATURE_FIELDS, ENGINE_TTFT_FIELD
 
 _ENGINE_SUMS = tuple(f.name for f in ENGINE_FEATURE_FIELDS)
 
@@ -100,26 +101,30 @@ class SampleEmitter:
         if name is None or row is None or NO_METRICS in row or self.sink is None or ctx.ttft_ms <= 0:
             self.counters["skipped_samples"] += 1
             return
-        entry = self._entry(ctx, name, row, ctx.ttft_ms, 0.0)
-        view = ctx.engine
-        if view is not None and view.endpoint == name:   # the twin's view at dispatch (features.schema)
-            entry.update(zip(_ENGINE_SUMS, view.features), engine_endpoint=view.endpoint,
-                         engine_class=view.engine_class)
-            entry[ENGINE_TTFT_FIELD.name] = min(view.ttft_ms, ENGINE_TTFT_FIELD.hi or view.ttft_ms)
-        self.sink.add([entry])
+        self.sink.add([self._entry(ctx, name, row, ctx.ttft_ms, 0.0)])
         self.counters["ttft_samples"] += 1
         if 0 < ctx.ttft_slo < ctx.ttft_ms:
             self.counters["ttft_slo_violations"] += 1
 
-    def tpot(self, ctx: RequestContext, avg_tpot: float) -> None:
-        """The TPOT sample of ``ctx`` (prefix and encoder features zeroed: decode does not use them)."""
+    def tpot(self, ctx: RequestContext, avg_tpot: float, prompt_tokens: int | None = None) -> None:
+        """The TPOT sample of ``ctx`` (prefix and encoder features zeroed: decode does not use them),
+        with the twin's view of the request when a decode-harm plugin gave one: its step sums for
+        the prompt's true length ``prompt_tokens`` when the response reported it
+        (``EngineView.for_prompt``), and the measured TTFT they go with."""
         target = ctx.target
         row = ctx.rows.get(target) if target is not None else None
         if target is None or row is None or NO_METRICS in row or self.sink is None:
             self.counters["skipped_samples"] += 1
             return
         row = dict(row, prefix_cache_score=0.0, encoder_input_size=0, encoder_matched_size=0)
-        self.sink.add([self._entry(ctx, target, row, 0.0, avg_tpot)])
+        entry = self._entry(ctx, target, row, 0.0, avg_tpot)
+        view = ctx.engine
+        if view is not None and view.endpoint == target and ctx.ttft_ms >= 1:   # features.schema
+            entry.update(zip(_ENGINE_SUMS, view.for_prompt(prompt_tokens)), engine_endpoint=view.endpoint,
+                         engine_class=view.engine_class)
+            entry[ENGINE_TTFT_FIELD.name] = min(view.ttft_ms, ENGINE_TTFT_FIELD.hi or view.ttft_ms)
+            entry[ENGINE_ACTUAL_TTFT_FIELD.name] = ctx.ttft_ms
+        self.sink.add([entry])
         self.counters["tpot_samples"] += 1
         if 0 < ctx.tpot_slo < avg_tpot:
             self.counters["tpot_slo_violations"] += 1

@@ -85,7 +85,7 @@ class LoraAffinityScorer(RequestHooksBase, Plugin):
             self.history.dispatched(request.request_id, target.name, request.target_model)
 
     def on_complete(self, request_id: str, now: float | None = None, *, status: int = 200, aborted: bool = False,
-                    output_tokens: int | None = None) -> None:
+                    output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         """Completion and abort alike: -1, floored at 0."""
         if self.history is not None:
             self.history.released(request_id)
