@@ -101,6 +101,7 @@ class BodyObserver:
     def __init__(self) -> None:
         self._buf = bytearray()
         self.overflow = False
+        self._parsed: tuple[int, dict | None] | None = None   # (body length parsed, its JSON object)
 
     def feed(self, chunk: bytes) -> None:
         if not self.overflow:
@@ -111,14 +112,18 @@ class BodyObserver:
                 self._buf += chunk
 
     def usage(self, key: str = "completion_tokens") -> int | None:
-        """``usage[key]`` of the body (None: overflowed, not JSON or not reported)."""
+        """``usage[key]`` of the body (None: overflowed, not JSON or not reported); the body is
+        parsed once, at the first call after the last chunk."""
         if self.overflow:
             return None
-        try:
-            obj = orjson.loads(bytes(self._buf))
-        except orjson.JSONDecodeError:
-            return None
-        return _usage_tokens(obj, key) if isinstance(obj, dict) else None
+        if self._parsed is None or self._parsed[0] != len(self._buf):
+            try:
+                obj = orjson.loads(bytes(self._buf))
+            except orjson.JSONDecodeError:
+                obj = None
+            self._parsed = (len(self._buf), obj if isinstance(obj, dict) else None)
+        obj = self._parsed[1]
+        return _usage_tokens(obj, key) if obj is not None else None
 
     @property
     def tokens(self) -> int | None:

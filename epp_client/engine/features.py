@@ -12,7 +12,7 @@ token, the five quantities the coefficients multiply (:data:`FEATURES`, in the o
 ``features.schema.ENGINE_COEFFICIENTS``). :func:`step_features` computes ``F`` for a request
 placed on an endpoint's running set, from the same inputs as :func:`~epp_client.engine.twin.placement`
 (tests/test_engine_features.py checks ``c . F / speed`` against its TTFT for random states and
-coefficients). The EPP sends ``F`` with the request's TTFT training entry; the training server
+coefficients). The EPP sends ``F`` with the request's TPOT training entry; the training server
 fits ``c`` per endpoint class and ``speed`` per endpoint (docs/plugins.md B2.9).
 
 The schedule depends on the coefficients only through the prefill under way at the head of the
@@ -35,7 +35,7 @@ FEATURES = ("steps", "step_tokens", "step_context", "decode_steps", "prefill_pai
 
 
 class EngineView(NamedTuple):
-    """The twin's view of a request at dispatch on the endpoint it goes to: what its TTFT
+    """The twin's view of a request at dispatch on the endpoint it goes to: what its TPOT
     training entry carries (the wire's ``engine_*`` fields). ``redo(prompt_tokens,
     cached_tokens)`` recomputes ``features`` on the same schedule for another prompt length:
     the router schedules with the gateway's estimate of the prompt, the engine ran the true

@@ -46,7 +46,7 @@ The step time is linear in the batch (:class:`~epp_client.engine.twin.StepModel`
 parameters are the router's prior, ``engineSpeed`` divides them all). With ``learnEngine`` each
 endpoint is stepped with the step model the training server learned, once served (its class's
 coefficients, its own speed: :mod:`epp_client.engine.learned`), from the twin's view of each
-dispatched request that :meth:`DecodeHarmCount.pre_request` hands the producer's TTFT entry.
+dispatched request that :meth:`DecodeHarmCount.pre_request` hands the producer's TPOT entry.
 The twin is the plugins' :class:`EngineModel`, their one view of an engine: a reference that
 knows the engine (the simulator's ``--true-harm``) replaces it with
 :meth:`DecodeHarmCount.use_engine_model`.
@@ -200,7 +200,7 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
 
     def pre_request(self, request: InferenceRequest, picks: Mapping[str, Endpoint], now: float | None = None) -> None:
         """At dispatch: the twin's view of the request on its endpoint (the first pick), for its
-        TTFT training entry (``request.engine_view``: endpoint, class, the step sums of
+        TPOT training entry (``request.engine_view``: endpoint, class, the step sums of
         :func:`~epp_client.engine.features.step_features` and the twin's TTFT), unless another
         decode-harm plugin gave it already. Only with the router's view of the endpoint
         (streaming mode)."""
