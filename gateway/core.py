@@ -18,7 +18,6 @@ an SSE ``error`` event as the last event (never ``[DONE]``), any other client a 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -47,7 +46,6 @@ from .sse import BodyObserver, StreamObserver, error_event
 log = logging.getLogger("gateway")
 
 ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
-HOLD_EXPIRED = "rejected-hold-expired"
 
 
 class MidStreamFailure(Exception):
@@ -196,44 +194,9 @@ class Gateway:
     def _retry_after(self) -> list[tuple[bytes, bytes]]:
         return [(b"retry-after", str(self.settings.retry_after_s).encode())]
 
-    async def _decide(self, info: InferenceRequest, hashes: list[int]) -> Routing:
-        """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
-        ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh candidates, with
-        the time held so far in ``info.waited_ms``; the filter bounds the hold (``maxHoldMs``) and
-        places the request at its bound. ``max_hold_s`` is a ceiling over any filter: past it the
-        request is denied (``rejected-hold-expired``). A request that leaves while held is
-        abandoned: flow control stops counting it."""
-        held_at: float | None = None
-        try:
-            while True:
-                decision = await self.driver.decide(info, self.candidates(hashes))
-                wait = decision.result.retry_after_s
-                if wait <= 0:
-                    return decision
-                now = time.monotonic()
-                if held_at is None:
-                    held_at = now
-                    self.metrics.held.inc()
-                left = held_at + self.settings.max_hold_s - now
-                if left <= 0:
-                    self._abandon(info)
-                    return dataclasses.replace(decision, order=[], result=dataclasses.replace(
-                        decision.result, status=429, reason=HOLD_EXPIRED, retry_after_s=0.0))
-                await asyncio.sleep(min(wait, left))
-                info.waited_ms = (time.monotonic() - held_at) * 1000.0
-        except BaseException:
-            if held_at is not None:
-                self._abandon(info)
-            raise
-
-    def _abandon(self, info: InferenceRequest) -> None:
-        abandon = getattr(self.router, "abandon", None)
-        if callable(abandon):
-            abandon(info.request_id)
-
     async def _route_and_proxy(self, send, path: str, ch: ClientHeaders, info: InferenceRequest,
                                hashes: list[int], raw: bytes) -> None:
-        decision = await self._decide(info, hashes)
+        decision = await self.driver.decide_held(info, lambda: self.candidates(hashes), self.settings.max_hold_s)
         if not decision.admitted:
             reason = decision.reason or "denied"
             self.metrics.admission_denied.labels(reason=reason).inc()
