@@ -4,8 +4,10 @@ One request: read the body (bounded), validate the fields the gateway needs (4xx
 the field otherwise), estimate the prompt's tokens and prefix blocks, match them against
 every endpoint's prefix LRU, ask the routing policy, then try the chosen endpoints in order until
 one sends its first body byte (connection errors, first-byte timeouts and 5xx before any
-byte move on to the next; nothing is retried once a byte reached the client). The body
-is forwarded chunk by chunk as it arrives; a client disconnect cancels the upstream
+byte move on to the next; nothing is retried once a byte reached the client). A stream's
+request asks the engine for usage when the client did not (``usage.ask_for_usage``). The body
+is forwarded chunk by chunk as it arrives (a stream's usage chunk that only the gateway asked
+for left out, ``sse.StreamObserver``); a client disconnect cancels the upstream
 request; the policy's request lifecycle is driven through the dispatch of each attempt,
 the first token and the outcome (``routing.Driver``). Every attempt is accounted from its
 dispatch and released in one ``finally``, whatever ends it.
@@ -18,7 +20,6 @@ an SSE ``error`` event as the last event (never ``[DONE]``), any other client a 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -43,11 +44,11 @@ from .routing import Driver, Outcome, Routing, to_endpoint
 from .scrape import EndpointState, Scraper
 from .settings import GatewaySettings
 from .sse import BodyObserver, StreamObserver, error_event
+from .usage import Forward, ask_for_usage
 
 log = logging.getLogger("gateway")
 
 ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
-HOLD_EXPIRED = "rejected-hold-expired"
 
 
 class MidStreamFailure(Exception):
@@ -164,6 +165,7 @@ class Gateway:
             info, hashes = self.request_info(ch.view, body, chat)
         except BodyError as e:
             return await self._json(send, 400, e.to_json(), path)
+        fwd = ask_for_usage(raw, body, self.settings.stream_usage)
         if ch.client_id:
             log.debug("request %s: client id %r", ch.gateway_id, ch.client_id)
         assert self._sem is not None
@@ -173,7 +175,7 @@ class Gateway:
         async with self._sem:
             client = ClientWatch(receive, send)
             try:
-                await asyncio.wait_for(self._route_and_proxy(client.send, path, ch, info, hashes, raw),
+                await asyncio.wait_for(self._route_and_proxy(client.send, path, ch, info, hashes, fwd),
                                        self.settings.request_timeout_s)
             except asyncio.CancelledError:
                 if not client.gone:
@@ -196,44 +198,9 @@ class Gateway:
     def _retry_after(self) -> list[tuple[bytes, bytes]]:
         return [(b"retry-after", str(self.settings.retry_after_s).encode())]
 
-    async def _decide(self, info: InferenceRequest, hashes: list[int]) -> Routing:
-        """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
-        ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh candidates, with
-        the time held so far in ``info.waited_ms``; the filter bounds the hold (``maxHoldMs``) and
-        places the request at its bound. ``max_hold_s`` is a ceiling over any filter: past it the
-        request is denied (``rejected-hold-expired``). A request that leaves while held is
-        abandoned: flow control stops counting it."""
-        held_at: float | None = None
-        try:
-            while True:
-                decision = await self.driver.decide(info, self.candidates(hashes))
-                wait = decision.result.retry_after_s
-                if wait <= 0:
-                    return decision
-                now = time.monotonic()
-                if held_at is None:
-                    held_at = now
-                    self.metrics.held.inc()
-                left = held_at + self.settings.max_hold_s - now
-                if left <= 0:
-                    self._abandon(info)
-                    return dataclasses.replace(decision, order=[], result=dataclasses.replace(
-                        decision.result, status=429, reason=HOLD_EXPIRED, retry_after_s=0.0))
-                await asyncio.sleep(min(wait, left))
-                info.waited_ms = (time.monotonic() - held_at) * 1000.0
-        except BaseException:
-            if held_at is not None:
-                self._abandon(info)
-            raise
-
-    def _abandon(self, info: InferenceRequest) -> None:
-        abandon = getattr(self.router, "abandon", None)
-        if callable(abandon):
-            abandon(info.request_id)
-
     async def _route_and_proxy(self, send, path: str, ch: ClientHeaders, info: InferenceRequest,
-                               hashes: list[int], raw: bytes) -> None:
-        decision = await self._decide(info, hashes)
+                               hashes: list[int], fwd: Forward) -> None:
+        decision = await self.driver.decide_held(info, lambda: self.candidates(hashes), self.settings.max_hold_s)
         if not decision.admitted:
             reason = decision.reason or "denied"
             self.metrics.admission_denied.labels(reason=reason).inc()
@@ -245,7 +212,7 @@ class Gateway:
         last_err = "no endpoint"
         for attempt, cand in enumerate(order, 1):
             try:
-                return await self._attempt(send, path, ch, info, hashes, raw, decision, cand, attempt)
+                return await self._attempt(send, path, ch, info, hashes, fwd, decision, cand, attempt)
             except Unsendable as e:
                 return await self._error(send, 400, "headers", f"cannot be forwarded: {e}", path)
             except UpstreamFailed as e:
@@ -264,7 +231,7 @@ class Gateway:
             log.warning("endpoint %s ejected for %.1f s after failed requests", ep.url,
                         ep.breaker.remaining_s(self.health_clock()))
 
-    async def _attempt(self, send, path: str, ch: ClientHeaders, info: InferenceRequest, hashes, raw,
+    async def _attempt(self, send, path: str, ch: ClientHeaders, info: InferenceRequest, hashes, fwd: Forward,
                        decision: Routing, cand: Endpoint, attempt: int):
         ep = self.by_name[cand.name]
         assert self.client is not None
@@ -274,7 +241,7 @@ class Gateway:
         resp: httpx.Response | None = None
         started = finished = False
         status = 0
-        obs = StreamObserver() if info.streaming else None
+        obs = StreamObserver(fwd.strip_usage) if info.streaming else None
         bobs = BodyObserver() if not info.streaming else None
         t_first: float | None = None
         # dispatch first (the policy writes the P/D stage headers forwarded below); from here on the
@@ -283,10 +250,12 @@ class Gateway:
         try:
             # ---- before the first byte: failures here are retried elsewhere ----
             try:
-                req = self.client.build_request("POST", ep.url + path, content=raw,
+                req = self.client.build_request("POST", ep.url + path, content=fwd.body,
                                                 headers=upstream(ch, ep.host_port))
                 resp = await asyncio.wait_for(self.client.send(req, stream=True), s.first_byte_timeout_s)
                 status = resp.status_code
+                if obs is not None and status >= 300:   # an error body: forwarded as is
+                    obs.strip_usage = False
                 if status >= 500:
                     raise UpstreamFailed("status", f"HTTP {status}")
                 it = resp.aiter_raw()
@@ -319,8 +288,10 @@ class Gateway:
                                 self.driver.first_chunk(decision, info, t_first, events)
                         elif events and status < 300:
                             self.driver.chunk(decision, info, time.monotonic(), events)
+                        chunk = obs.take(chunk)   # without a usage chunk the client did not ask for
                     elif bobs is not None:
                         bobs.feed(chunk)
+                if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 try:
                     chunk = await asyncio.wait_for(it.__anext__(), s.idle_timeout_s)
@@ -336,7 +307,7 @@ class Gateway:
                         raise MidStreamFailure(what) from None
                     # a streaming client gets the failure as the stream's last event
                     await send({"type": "http.response.body", "more_body": True,
-                                "body": error_event(f"upstream failed after the first byte: {what}")})
+                                "body": obs.rest() + error_event(f"upstream failed after the first byte: {what}")})
                     finished = True
                     self._finish(path, info, decision, ep, 502, False, obs, bobs, t0, t_first, time.monotonic(),
                                  attempt, match, ch.client_id)
@@ -349,7 +320,8 @@ class Gateway:
             finished = True
             self._finish(path, info, decision, ep, status, outcome_ok, obs, bobs, t0, t_first, t_end, attempt, match,
                          ch.client_id)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": obs.rest() if obs is not None else b"",
+                        "more_body": False})
         finally:
             if resp is not None:
                 await aclose_quietly(resp)

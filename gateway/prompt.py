@@ -37,7 +37,6 @@ class PromptInfo:
     streaming: bool
     model: str
     max_tokens: int | None
-    wants_usage: bool      # stream_options.include_usage was set by the client
 
 
 def _content_text(content: Any, loc: str) -> str:
@@ -86,12 +85,12 @@ def extract_prompt(body: Any, chat: bool) -> PromptInfo:
         elif isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
             # token ids: count them exactly, hash their decimal form
             return PromptInfo(",".join(map(str, p)).encode(), len(p), _stream(body), _model(body),
-                              _max_tokens(body), _wants_usage(body))
+                              _max_tokens(body))
         else:
             raise BodyError("prompt", "field required: a string, a list of strings or a list of token ids")
     raw = text.encode("utf-8", "surrogatepass")
     return PromptInfo(raw, (len(raw) + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN, _stream(body),
-                      _model(body), _max_tokens(body), _wants_usage(body))
+                      _model(body), _max_tokens(body))
 
 
 def _stream(body: dict) -> bool:
@@ -121,11 +120,6 @@ def _max_tokens(body: dict) -> int | None:
             raise BodyError(key, "must be a non-negative integer")
         return v
     return None
-
-
-def _wants_usage(body: dict) -> bool:
-    so = body.get("stream_options")
-    return isinstance(so, dict) and so.get("include_usage") is True
 
 
 def block_hashes(text: bytes, block_tokens: int, max_blocks: int) -> list[int]:

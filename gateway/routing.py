@@ -4,7 +4,8 @@ The policy is any :class:`epp_client.framework.lifecycle.RequestLifecycle`: the 
 from ``--config`` (maybe behind flow control), or the built-in
 :class:`~epp_client.heuristics.LeastLoadScheduler`. Each candidate becomes an
 :class:`epp_client.Endpoint` (scraped metrics and labels; the prefix producer writes its
-prefix match); ``aschedule`` decides; the gateway then calls ``pre_request`` at each
+prefix match); ``aschedule`` decides (again after each hold a filter asks for,
+``Driver.decide_held``); the gateway then calls ``pre_request`` at each
 attempt's dispatch, ``on_first_chunk`` at the first token and ``on_complete`` at the end.
 If the policy raises, the least-load fallback decides and the gateway drives *its*
 lifecycle for that request. Both share the policy's in-flight tracker: in-flight load is
@@ -13,7 +14,10 @@ counted once, in ``epp_client.plugins.producer.inflight_load``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,8 @@ from .scrape import EndpointState
 from .settings import GatewaySettings
 
 log = logging.getLogger("gateway.routing")
+
+HOLD_EXPIRED = "rejected-hold-expired"
 
 
 @dataclass
@@ -133,6 +139,42 @@ class Driver:
             fallback = True
             self.metrics.fallbacks.labels(reason="warm-up").inc()
         return Routing(lc, res, self._order(res, endpoints), fallback, predicted, res.model_version)
+
+    async def decide_held(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]],
+                          max_hold_s: float) -> Routing:
+        """The policy's decision. A held request (a filter's hold: ``decode-harm-filter`` with
+        ``holdSlackMs``) waits ``retry_after_s`` and is scheduled again on fresh ``candidates()``, with
+        the time held so far in ``request.waited_ms``; the filter bounds the hold (``maxHoldMs``) and
+        places the request at its bound. ``max_hold_s`` is a ceiling over any filter: past it the
+        request is denied (``rejected-hold-expired``). A request that leaves while held is
+        abandoned: flow control stops counting it."""
+        held_at: float | None = None
+        try:
+            while True:
+                decision = await self.decide(request, candidates())
+                wait = decision.result.retry_after_s
+                if wait <= 0:
+                    return decision
+                now = time.monotonic()
+                if held_at is None:
+                    held_at = now
+                    self.metrics.held.inc()
+                left = held_at + max_hold_s - now
+                if left <= 0:
+                    self._abandon(request)
+                    return dataclasses.replace(decision, order=[], result=dataclasses.replace(
+                        decision.result, status=429, reason=HOLD_EXPIRED, retry_after_s=0.0))
+                await asyncio.sleep(min(wait, left))
+                request.waited_ms = (time.monotonic() - held_at) * 1000.0
+        except BaseException:
+            if held_at is not None:
+                self._abandon(request)
+            raise
+
+    def _abandon(self, request: InferenceRequest) -> None:
+        abandon = getattr(self.policy, "abandon", None)
+        if callable(abandon):
+            abandon(request.request_id)
 
     def _order(self, res: SchedulingResult, endpoints: list[Endpoint]) -> list[Endpoint]:
         if not res.ok:

@@ -13,6 +13,7 @@ from epp_client.types import ConfigError
 from features.settings import (
     EnvSettings,
     SettingsError,
+    boolean,
     host,
     http_url,
     integer,
@@ -139,6 +140,10 @@ class GatewaySettings(EnvSettings):
     retry_after_s: int = setting(None, 1, _COUNT)    # Retry-After of the gateway's 429s
     max_concurrency: int = setting("LATENCY_GATEWAY_MAX_CONCURRENCY", 1024, _COUNT,
                                    "requests in flight through the gateway")
+    stream_usage: bool = setting("LATENCY_GATEWAY_STREAM_USAGE", True, boolean,
+                                 "ask the engine for usage on every stream (`stream_options.include_usage`) to "
+                                 "learn each request's true prompt length; the usage chunk a client did not ask "
+                                 "for is removed from its stream. false: streams pass through unchanged")
     # the prefix index of the built-in router (approx-prefix-cache-producer's parameters)
     block_size_tokens: int = setting("LATENCY_GATEWAY_BLOCK_SIZE_TOKENS", *_prefix_param("blockSizeTokens"),
                                      "tokens per prefix-cache block (`--block-size-tokens`)")

@@ -39,11 +39,14 @@ class EngineState:
     error_rate: float = 0.0          # share of requests answered 500 (when mode is "ok")
     hang_rate: float = 0.0           # share of requests never answered
     die_rate: float = 0.0            # share of streams cut after die_after tokens
+    usage_chunk: bool = True         # a stream asked for usage ends with the usage chunk (False: ignores the ask)
+    piece_bytes: int = 0             # a stream's bytes are sent in pieces of this size (0: one event at a time)
     kv_cache_usage: float = 0.1
     waiting: int = 0
     running: int = 0
     rng: random.Random = field(default_factory=random.Random)
     received: list[dict] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)      # the bodies of ``received``, as sent
     headers: list[dict] = field(default_factory=list)
     raw_headers: list[list[tuple[bytes, bytes]]] = field(default_factory=list)
     keep_received: int = 10_000      # most requests remembered (bounded for long runs)
@@ -116,9 +119,10 @@ def make_app(state: EngineState, name: str):
         if not isinstance(req, dict):
             return await _json(send, 400, {"error": {"message": "body: not a JSON object"}}, name)
         state.received.append(req)
+        state.bodies.append(b"".join(chunks))
         state.headers.append({k.decode(): v.decode("latin-1") for k, v in scope["headers"]})
         state.raw_headers.append(list(scope["headers"]))
-        for seen in (state.received, state.headers, state.raw_headers, state.spans):
+        for seen in (state.received, state.bodies, state.headers, state.raw_headers, state.spans):
             if len(seen) > state.keep_received:
                 del seen[: len(seen) - state.keep_received]
         chat = scope["path"].endswith("/chat/completions")
@@ -152,8 +156,17 @@ def make_app(state: EngineState, name: str):
     return app
 
 
-async def _event(send, ev: dict) -> None:
-    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(ev) + b"\n\n", "more_body": True})
+async def _send(send, state: EngineState, body: bytes, more_body: bool = True) -> None:
+    step = state.piece_bytes or len(body)
+    for i in range(0, len(body), step):
+        if i:
+            await asyncio.sleep(0.001)   # each piece its own write: a later read may split an event
+        await send({"type": "http.response.body", "body": body[i:i + step],
+                    "more_body": more_body or i + step < len(body)})
+
+
+async def _event(send, state: EngineState, ev: dict) -> None:
+    await _send(send, state, b"data: " + orjson.dumps(ev) + b"\n\n")
 
 
 async def _json(send, status: int, obj: dict, name: str) -> None:
@@ -180,7 +193,7 @@ async def _serve(send, state: EngineState, req: dict, chat: bool, n: int, name: 
         if chat:  # like vLLM: a role-only chunk right away (not a token)
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub",
                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-            await _event(send, ev)
+            await _event(send, state, ev)
         await asyncio.sleep(state.first_token_delay)
         for i in range(n):
             if i:
@@ -190,13 +203,13 @@ async def _serve(send, state: EngineState, req: dict, chat: bool, n: int, name: 
             choice = ({"index": 0, "delta": {"content": token_text(i)}, "finish_reason": None} if chat
                       else {"index": 0, "text": token_text(i), "finish_reason": None})
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub", "choices": [choice]}
-            await _event(send, ev)
+            await _event(send, state, ev)
         so = req.get("stream_options") or {}
-        if isinstance(so, dict) and so.get("include_usage"):
+        if isinstance(so, dict) and so.get("include_usage") and state.usage_chunk:
             ev = {"id": "c1", "object": obj, "created": created, "model": "stub", "choices": [],
                   "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}}
-            await _event(send, ev)
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            await _event(send, state, ev)
+        await _send(send, state, b"data: [DONE]\n\n", more_body=False)
         return
     await asyncio.sleep(state.first_token_delay + state.token_delay * max(0, n - 1))
     if mode == "die_mid":

@@ -54,8 +54,11 @@ def wait_until(pred, timeout=5.0):
     ("/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 3}),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
 ])
-def test_pass_through_is_byte_for_byte(engines, path, body):
-    gw, srv = start_gateway([engines[0].url])
+@pytest.mark.parametrize("stream_usage", [True, False])
+def test_pass_through_is_byte_for_byte(engines, path, body, stream_usage):
+    """The client gets the engine's bytes for its own request; a stream's usage chunk only the
+    gateway asked for (``stream_usage``, tests/test_gateway_usage.py) is not among them."""
+    gw, srv = start_gateway([engines[0].url], stream_usage=stream_usage)
     try:
         direct = httpx.post(engines[0].url + path, json=body).content
         via = httpx.post(srv.url + path, json=body)
@@ -119,17 +122,18 @@ class CompletionUsage(FixedOrder):
         self.prompt_tokens[request_id] = prompt_tokens
 
 
-@pytest.mark.parametrize("body,reported", [
-    ({"prompt": "x", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}, 10),
-    ({"prompt": "x", "max_tokens": 3, "stream": True}, None),
-    ({"prompt": "x", "max_tokens": 3}, 10),
+@pytest.mark.parametrize("body,stream_usage,reported", [
+    ({"prompt": "x", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}, True, 10),
+    ({"prompt": "x", "max_tokens": 3, "stream": True}, True, 10),     # the gateway asked for the usage
+    ({"prompt": "x", "max_tokens": 3, "stream": True}, False, None),
+    ({"prompt": "x", "max_tokens": 3}, True, 10),
 ])
-def test_the_policy_hears_the_prompt_length_the_engine_reports(engines, body, reported):
+def test_the_policy_hears_the_prompt_length_the_engine_reports(engines, body, stream_usage, reported):
     """The engine's usage.prompt_tokens (the true count; the gateway routed with its byte-based
     estimate) reaches the policy's on_complete when the response reports usage: the producer's
     engine sums for learning the twin use it."""
     router = CompletionUsage()
-    gw, srv = start_gateway([engines[0].url], router)
+    gw, srv = start_gateway([engines[0].url], router, stream_usage=stream_usage)
     try:
         assert httpx.post(srv.url + "/v1/completions", json=body).status_code == 200
         assert wait_until(lambda: gw.records and gw.records[-1].ok)
