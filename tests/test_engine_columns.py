@@ -51,5 +51,10 @@ def test_the_counts_from_the_columns_are_the_per_request_counts():
                 for i, runs in judged]
         got = view.over_counts(judged)
         assert got == want and all(type(h) is int for h in got)
+        # the queued requests' part (their flips, either sign) joins the slots' before the floor at 0
+        extra = [rng.randint(-3, 3) for _ in judged]
+        flips = [_flips([(d, k, slo) for d, k, slo, e in slots if e == i and slo < math.inf], *runs[2:])
+                 for i, runs in judged]
+        assert view.over_counts(judged, extra) == [max(0, f + x) for f, x in zip(flips, extra)]
         clamped += sum(_flips([(d, k, slo) for d, k, slo, e in slots if e == i], *runs[2:]) < 0 for i, runs in judged)
     assert clamped > 100     # counts floored at 0 were compared

@@ -36,9 +36,10 @@ def _request(rid: str, rng: random.Random) -> InferenceRequest:
     return InferenceRequest(request_id=rid, headers=headers, input_tokens=rng.randint(1, 6_000))
 
 
-def _judge(prod: PredictedLatencyProducer, twin: TwinEngine, rng: random.Random, n: int) -> tuple[int, int]:
+def _judge(prod: PredictedLatencyProducer, twin: TwinEngine, rng: random.Random, n: int) -> tuple[int, int, int]:
     """A decision: the producer writes its predictions, the twin judges the request on every
-    endpoint both ways; returns (endpoints judged from the columns, outcomes with harm)."""
+    endpoint both ways; returns (endpoints judged from the columns with every request decoding,
+    those with some waiting for their first token and none paced, outcomes with harm)."""
     eps = _endpoints(rng)
     req = _request(f"probe{n}", rng)
     prod.produce(req, eps)
@@ -49,10 +50,16 @@ def _judge(prod: PredictedLatencyProducer, twin: TwinEngine, rng: random.Random,
     assert got == want and repr(got) == repr(want)
     prod.discard(req.request_id)
     view = eps[0].prediction.decoding_columns()
-    fast = 0
+    fast = queued = 0
     for e in eps:
         running = e.prediction.running_decodes()
         i = view.index.get(e.name, view.size)
+        if running and i < view.size and view.general[i] and not view.paced[i]:   # judged from the queue
+            queued += 1
+            waiting = [r for r in running if r.tokens < 1]
+            assert view.queued(i) == tuple(waiting) and view.general[i] == len(waiting)
+            assert view.decodes[i] == len(running) - len(waiting)
+            assert view.context[i] == sum(r.context for r in running if r.tokens >= 1)
         if running and i < view.size and not view.general[i]:    # judged from the columns: the same state
             fast += 1
             assert view.decodes[i] == len(running)
@@ -62,7 +69,7 @@ def _judge(prod: PredictedLatencyProducer, twin: TwinEngine, rng: random.Random,
                                view.slo[mine].tolist()))
             assert [s for s in slots if s[2] != float("inf")] == \
                 sorted((r.decode_ms, r.tokens - 1, r.tpot_slo_ms) for r in running if r.tpot_slo_ms > 0)
-    return fast, sum(o.harm > 0 for o in got)
+    return fast, queued, sum(o.harm > 0 for o in got)
 
 
 def test_every_decision_judged_from_the_columns_is_the_per_request_views_to_the_last_bit():
@@ -71,7 +78,7 @@ def test_every_decision_judged_from_the_columns_is_the_per_request_views_to_the_
     prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock, context_ttl=30.0)
     twin = TwinEngine(StepModel(), 2_048, 4, 4_000)
     live: dict[str, int] = {}      # request id -> tokens so far (0: no first chunk yet)
-    fast = harmed = 0
+    fast = queued = harmed = 0
     for n in range(1_500):
         clock.t += rng.choice((0.0, 0.001, 0.02, 0.3))
         event = rng.random()
@@ -104,10 +111,13 @@ def test_every_decision_judged_from_the_columns_is_the_per_request_views_to_the_
             live = {r: k for r, k in live.items() if r in prod._cache.contexts}
         if n >= 200:        # the columns are built at the first decision that reads them, then kept
             assert (prod._columns is None) == (n == 200)
-            f, h = _judge(prod, twin, rng, n)
+            f, q, h = _judge(prod, twin, rng, n)
             fast += f
+            queued += q
             harmed += h
-    assert fast > 1_000 and harmed > 300     # the columns judged most endpoints, and the counts were not all 0
+    # the columns judged most endpoints, many with requests waiting for their first token, and the
+    # counts were not all 0
+    assert fast > 1_000 and queued > 300 and harmed > 300
 
 
 def test_the_columns_follow_an_endpoints_running_requests_from_dispatch_to_completion():

@@ -5,16 +5,22 @@ The producer keeps the running requests in columns as they are dispatched, get t
 chunk, stream tokens and complete (:class:`epp_client.plugins.producer.running_columns.RunningColumns`);
 one :class:`DecodingView` per decision holds, per endpoint, what the twin's run needs (the
 decodes and their context), and per decoding request with a TPOT SLO what its SLO count needs
-(decode time, tokens, SLO, endpoint). Endpoints where a request is still prefilling, or decodes
-at a predicted pace (tokens not counted), are judged from the per-request view
-(``LatencyPrediction.running_decodes``) instead. Every value is the one the per-request view
-gives at the same moment (tests/test_twin_exact.py).
+(decode time, tokens, SLO, endpoint); per endpoint where requests wait for or are in their
+prefill, those requests (``queued``, as the twin's :class:`~epp_client.engine.twin.Running`).
+Endpoints where a request decodes at a predicted pace (tokens not counted) are judged from the
+per-request view (``LatencyPrediction.running_decodes``) instead. Every value is the one the
+per-request view gives at the same moment (tests/test_twin_exact.py).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from epp_client.engine.twin import Running
 
 
 @dataclass(frozen=True)
@@ -22,8 +28,10 @@ class DecodingView:
     """Every endpoint's running requests at one moment.
 
     Per endpoint where requests run (``index``: name -> position, below ``size``): ``general`` (how many
-    requests there prefill or decode at a predicted pace: if any, judge it from the per-request view), the
-    ``decodes`` running there and their ``context`` tokens (prompt + generated). Per request slot:
+    requests there prefill or decode at a predicted pace), the ``decodes`` running there and their
+    ``context`` tokens (prompt + generated), ``paced`` (how many of ``general`` decode at a predicted
+    pace: if any, judge the endpoint from the per-request view) and ``queued(position)``: the
+    requests there without a first token, in dispatch order. Per request slot:
     its endpoint's position (``endpoint``), its decode time ``decode_ms`` (0 before its first
     token's time), the tokens after its first (``after_first``) and its TPOT SLO (``slo``: +inf
     where the SLO count skips it: no SLO, not decoding, or no request in the slot)."""
@@ -37,14 +45,18 @@ class DecodingView:
     after_first: np.ndarray
     slo: np.ndarray
     endpoint: np.ndarray
+    paced: list[int] | None = None
+    queued: Callable[[int], tuple[Running, ...]] | None = None
 
-    def over_counts(self, judged: list[tuple[int, tuple[float, float, float, int, float, int]]]) -> list[int]:
+    def over_counts(self, judged: list[tuple[int, tuple[float, float, float, int, float, int]]],
+                    extra: list[int] | None = None) -> list[int]:
         """Per ``(position, runs)`` (``runs``: :func:`epp_client.engine.twin._decoding_runs`, its
         last four: ``t``, ``steps``, ``t0``, ``steps0``): how many of the endpoint's requests are
-        over their TPOT SLO at ``t`` after ``steps`` steps (the run with the request) and not at
-        ``t0`` after ``steps0`` (the run without it), at least 0 (the count of
-        :func:`epp_client.engine.twin._all_decoding`, the same operations per request: the step
-        counts are whole numbers, exact in a float)."""
+        over their TPOT SLO at ``t`` after ``steps`` steps (the run with the request) less those
+        at ``t0`` after ``steps0`` (the run without it), plus ``extra`` (per entry: the same for
+        the requests not in the slots, :func:`epp_client.engine.queued.queued_runs`), at least 0
+        (the count of :func:`epp_client.engine.twin._harm`, the same operations per request: the
+        step counts are whole numbers, exact in a float)."""
         if not judged:
             return []
         size = self.size
@@ -58,4 +70,6 @@ class DecodingView:
         over = at[:2] > self.slo
         flips = over[0].view(np.int8) - over[1].view(np.int8)
         harm = np.bincount(self.endpoint, weights=flips, minlength=size).tolist()
-        return [int(h) if h > 0 else 0 for h in (harm[j[0]] for j in judged)]
+        if extra is None:
+            return [int(h) if h > 0 else 0 for h in (harm[j[0]] for j in judged)]
+        return [h if h > 0 else 0 for h in (int(harm[j[0]]) + x for j, x in zip(judged, extra))]

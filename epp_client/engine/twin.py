@@ -123,8 +123,16 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
             context += d
     decodes = len(reqs) - len(queue)
     ctx = float(context)
+    _under_way(model, budget, reqs, left, done, queue, decodes, ctx)
+    return _State(left, done, queue, decodes, ctx)
+
+
+def _under_way(model: StepModel, budget: int, reqs: tuple[Running, ...], left: list[int], done: list[int],
+               queue: list[int], decodes: int, ctx: float) -> None:
+    """The prefill under way: the full chunks of the queue's head since it reached the head
+    (``queued_ms``), taken from ``left`` and added to ``done``."""
     room = max(1, budget - decodes)
-    for i in queue:   # the prefill under way: the full chunks since it reached the head of the queue
+    for i in queue:
         elapsed = reqs[i].queued_ms
         while elapsed > 0 and left[i] > 1:   # each chunk costs more than the last (causal attention)
             n = min(room, left[i] - 1)
@@ -133,7 +141,6 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
                 break
             left[i] -= n
             done[i] += n
-    return _State(left, done, queue, decodes, ctx)
 
 
 def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
@@ -163,7 +170,7 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
         if head < n_queue and room > 0 and (fork is not None or queue[head] != new_i):
             i = queue[head]
             m = min((left[i] - 1) // room, max_steps - steps)  # its full chunks but the last: none for others
-            if m >= _VECTOR_CHUNKS:
+            if m >= 1:
                 t, k = full_chunks(model, decodes, context, t, room, done[i], m,
                                    until_ms if new_i < 0 else None)
                 left[i] -= k * room
@@ -245,17 +252,25 @@ def _harm(running: tuple[Running, ...], firsts: dict[int, tuple[float, int]], t:
             if k >= 1 and (decode_ms + t0) / k > slo:
                 n -= 1
             continue
-        f = firsts.get(i)
-        if f is not None:
-            k = steps - f[1]
-            if k >= 1 and (t - f[0]) / k > slo:
-                n += 1
-        f = firsts0.get(i)
-        if f is not None:
-            k = steps0 - f[1]
-            if k >= 1 and (t0 - f[0]) / k > slo:
-                n -= 1
+        n += _first_flip(slo, firsts.get(i), t, steps, firsts0.get(i), t0, steps0)
     return n if n > 0 else 0
+
+
+def _first_flip(slo: float, first: tuple[float, int] | None, t: float, steps: int,
+                first0: tuple[float, int] | None, t0: float, steps0: int) -> int:
+    """A request with no first token when the runs start (``first``, ``first0``: its first token's
+    time and step in the run with the request and in the run without it): 1 if it is over ``slo``
+    at the end of the first run only, -1 at the end of the second only, else 0."""
+    n = 0
+    if first is not None:
+        k = steps - first[1]
+        if k >= 1 and (t - first[0]) / k > slo:
+            n += 1
+    if first0 is not None:
+        k = steps0 - first0[1]
+        if k >= 1 and (t0 - first0[0]) / k > slo:
+            n -= 1
+    return n
 
 
 def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,

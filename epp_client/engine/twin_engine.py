@@ -5,6 +5,7 @@ decision at once over the producer's columns (:mod:`epp_client.engine.columns`).
 from __future__ import annotations
 
 from epp_client.engine.model import Outcome
+from epp_client.engine.queued import queued_runs
 from epp_client.engine.stretch import DecodeCache
 from epp_client.engine.twin import StepModel, _decoding_runs, placement
 from epp_client.types import Endpoint, InferenceRequest
@@ -34,11 +35,14 @@ class TwinEngine:
         """:meth:`placement` on each of ``endpoints`` (``cached[i]`` of the prompt cached on the
         i-th), the same outcomes: where every request running on an endpoint decodes (with its
         tokens counted), its run is :func:`_decoding_runs` over the producer's columns
-        (``LatencyPrediction.decoding_columns``) and the SLO counts of all such endpoints are a
-        few array operations (:meth:`DecodingView.over_counts`); elsewhere :meth:`placement`."""
+        (``LatencyPrediction.decoding_columns``); where some wait for or are in their prefill and
+        the others decode so, :func:`~epp_client.engine.queued.queued_runs` over the columns and
+        the queue; the SLO counts of the decodes of all such endpoints are a few array operations
+        (:meth:`DecodingView.over_counts`); elsewhere (a request paced) :meth:`placement`."""
         out: list[Outcome | None] = [None] * len(endpoints)
         runs: list[tuple[int, tuple[float, float, float, int, float, int]]] = []    # (position in endpoints, runs)
         judged: list[tuple[int, tuple[float, float, float, int, float, int]]] = []  # (position in the view, runs)
+        extra: list[int] = []     # per judged: the queued requests' part of the count
         columns = view = None
         model_for, budget, probe, max_steps, cache = self.model_for, self.budget, self.probe, self.max_steps, \
             self.decode_cache
@@ -50,21 +54,35 @@ class TwinEngine:
                     view = columns()
                     index, size, general, decodes, context = view.index, view.size, view.general, view.decodes, \
                         view.context
+                    paced, queued = view.paced, view.queued
                     taken = [False] * size    # an endpoint named twice: the second by placement
                 if pred.decoding_columns is columns:
                     i = index.get(e.name, size)
-                    if i < size and not general[i] and decodes[i] and not taken[i]:
-                        taken[i] = True
-                        u = prompt - cached[j]
-                        r = _decoding_runs(model_for(e), budget, decodes[i], context[i], prompt, u if u > 1 else 1,
-                                           probe, max_steps, cache)
-                        if r is not None:
-                            runs.append((j, r))
-                            judged.append((i, r))
-                            continue
+                    if i < size and not taken[i]:
+                        if not general[i] and decodes[i]:
+                            taken[i] = True
+                            u = prompt - cached[j]
+                            r = _decoding_runs(model_for(e), budget, decodes[i], context[i], prompt,
+                                               u if u > 1 else 1, probe, max_steps, cache)
+                            if r is not None:
+                                runs.append((j, r))
+                                judged.append((i, r))
+                                extra.append(0)
+                                continue
+                        elif general[i] and paced is not None and queued is not None and not paced[i]:
+                            taken[i] = True
+                            u = prompt - cached[j]
+                            q = queued_runs(model_for(e), budget, decodes[i], context[i], queued(i), prompt,
+                                            u if u > 1 else 1, probe, max_steps, cache)
+                            if q is not None:
+                                r = q[:6]
+                                runs.append((j, r))
+                                judged.append((i, r))
+                                extra.append(q[6])
+                                continue
             out[j] = self.placement(request, e, prompt, cached[j])
         if view is not None:
             new = tuple.__new__    # Outcome(...) without its Python __new__
-            for (j, r), harm in zip(runs, view.over_counts(judged)):
+            for (j, r), harm in zip(runs, view.over_counts(judged, extra)):
                 out[j] = new(Outcome, (harm, r[0], r[1]))
         return out    # type: ignore[return-value]   # every entry set above

@@ -117,8 +117,8 @@ class PredictedLatencyProducer(Plugin):
         kept from the first call on (a configuration without a plugin reading them pays nothing)."""
         cols = self._columns
         if cols is None:
-            cols = self._columns = RunningColumns()
             contexts = self._cache.contexts
+            cols = self._columns = RunningColumns(contexts=contexts, first_token_at=self._first_token_at)
             for endpoint in self.running.endpoints():
                 for rid, slo in self.running.requests(endpoint).items():
                     cols.add(endpoint, rid, slo)

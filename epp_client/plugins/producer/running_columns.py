@@ -6,17 +6,19 @@ operations (:class:`epp_client.engine.columns.DecodingView`) rather than one pas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from epp_client.engine.columns import DecodingView
+from epp_client.engine.twin import Running
 
 if TYPE_CHECKING:
     from epp_client.plugins.producer.request_state import RequestContext
 
-_NONE = (0, 0, 0)   # a slot's part of its endpoint's sums: (prefills or paced, decodes, context)
+_NONE = (0, 0, 0, 0)   # a slot's part of its endpoint's sums: (no first token, paced, decodes, context)
 
 
 class RunningColumns:
@@ -24,9 +26,14 @@ class RunningColumns:
     them (endpoint, TPOT SLO), :meth:`sync` copies a request's context into its slot whenever the
     producer changes it (dispatch, first chunk, tokens). Per endpoint it keeps the sums the twin's
     run reads (requests prefilling or paced, decodes, their context); per slot what the SLO count
-    reads (dispatch, TTFT, tokens after the first, TPOT SLO: +inf where the count skips it)."""
+    reads (dispatch, TTFT, tokens after the first, TPOT SLO: +inf where the count skips it), and per
+    endpoint the requests without a first token, in dispatch order, which :meth:`queued_at` gives as
+    :func:`.twin_view.running_on` does from ``contexts`` and ``first_token_at`` (the producer's)."""
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, capacity: int = 64, contexts: Mapping[str, RequestContext] | None = None,
+                 first_token_at: Mapping[str, float] | None = None) -> None:
+        self._contexts: Mapping[str, RequestContext] = {} if contexts is None else contexts
+        self._first_token_at: Mapping[str, float] = {} if first_token_at is None else first_token_at
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
         self._top = 0                        # slots ever used: [0, _top)
@@ -35,9 +42,11 @@ class RunningColumns:
         self._slots: list[int] = []          # per position: the requests running there
         self._vacant: list[int] = []         # positions of endpoints where nothing runs any more
         self._general: list[int] = []        # per position: requests prefilling or decoding at a predicted pace
+        self._paced: list[int] = []          # per position: of those, decoding at a predicted pace
+        self._queued: list[dict[str, int]] = []   # per position: request id -> slot, no first token, dispatch order
         self._decodes: list[int] = []
         self._context: list[float] = []     # whole numbers: exact in a float
-        self._part: list[tuple[int, int, int]] = []   # per slot: its part of the sums above
+        self._part: list[tuple[int, int, int, int]] = []   # per slot: its part of the sums above
         self._slo: list[float] = []          # per slot: its TPOT SLO (0: none)
         self.dispatch = np.zeros(capacity)
         self.ttft = np.zeros(capacity)
@@ -75,6 +84,8 @@ class RunningColumns:
                 self._names.append(endpoint)
                 self._slots.append(0)
                 self._general.append(0)
+                self._paced.append(0)
+                self._queued.append({})
                 self._decodes.append(0)
                 self._context.append(0.0)
             self._index[endpoint] = pos
@@ -88,7 +99,7 @@ class RunningColumns:
     def remove(self, request_id: str) -> None:
         slot = self._slot.pop(request_id, None)
         if slot is not None:
-            self._count(slot, _NONE)
+            self._count(request_id, slot, _NONE)
             self.slo[slot] = math.inf
             self._free.append(slot)
             pos = int(self.endpoint[slot])
@@ -97,12 +108,18 @@ class RunningColumns:
                 del self._index[self._names[pos]]
                 self._vacant.append(pos)
 
-    def _count(self, slot: int, part: tuple[int, int, int]) -> None:
+    def _count(self, request_id: str, slot: int, part: tuple[int, int, int, int]) -> None:
         pos = int(self.endpoint[slot])
-        general, decodes, context = self._part[slot]
-        self._general[pos] += part[0] - general
-        self._decodes[pos] += part[1] - decodes
-        self._context[pos] += part[2] - context
+        queued, paced, decodes, context = self._part[slot]
+        self._general[pos] += part[0] + part[1] - queued - paced
+        self._paced[pos] += part[1] - paced
+        self._decodes[pos] += part[2] - decodes
+        self._context[pos] += part[3] - context
+        if part[0] != queued:
+            if part[0]:
+                self._queued[pos][request_id] = slot
+            else:
+                del self._queued[pos][request_id]
         self._part[slot] = part
 
     def sync(self, ctx: RequestContext) -> None:
@@ -112,13 +129,15 @@ class RunningColumns:
             return
         if ctx.dispatch is None:            # not dispatched: the per-request view skips it
             part = _NONE
-        elif not ctx.ttft_ms or not (ctx.tokens_known and ctx.tokens >= 1):
-            part = (1, 0, 0)                # prefilling, or paced: the endpoint is judged per request
+        elif not ctx.ttft_ms:
+            part = (1, 0, 0, 0)             # waiting for or in its prefill: in the endpoint's queue
+        elif not (ctx.tokens_known and ctx.tokens >= 1):
+            part = (0, 1, 0, 0)             # paced: the endpoint is judged per request
         else:
-            part = (0, 1, ctx.input_tokens + ctx.tokens)
-        self._count(slot, part)
+            part = (0, 0, 1, ctx.input_tokens + ctx.tokens)
+        self._count(ctx.request_id, slot, part)
         slo = self._slo[slot]
-        if part[1] and slo > 0.0:
+        if part[2] and slo > 0.0:
             self.dispatch[slot] = ctx.dispatch
             self.ttft[slot] = ctx.ttft_ms
             self.after_first[slot] = ctx.tokens - 1
@@ -132,7 +151,25 @@ class RunningColumns:
         elapsed = (now - self.dispatch[:n]) * 1000.0 - self.ttft[:n]
         return DecodingView(dict(self._index), len(self._names), self._general[:], self._decodes[:], self._context[:],
                             np.where(elapsed > 0.0, elapsed, 0.0), self.after_first[:n].copy(), self.slo[:n].copy(),
-                            self.endpoint[:n].copy())
+                            self.endpoint[:n].copy(), self._paced[:], partial(self.queued_at, now))
+
+    def queued_at(self, now: float, pos: int) -> tuple[Running, ...]:
+        """The requests without a first token on the endpoint at ``pos``, in dispatch order, as
+        :func:`.twin_view.running_on` gives them at ``now``: the first prefills since the later of
+        its dispatch and the endpoint's last first token."""
+        out = []
+        append, new, get = out.append, tuple.__new__, self._contexts.get
+        endpoint, slos = self._names[pos], self._slo
+        head = True
+        for rid, slot in self._queued[pos].items():
+            ctx = get(rid)
+            if ctx is None or ctx.dispatch is None:
+                continue
+            since = max(ctx.dispatch, self._first_token_at.get(endpoint, ctx.dispatch)) if head else now
+            queued = (now - since) * 1000.0
+            append(new(Running, (0.0, 0, slos[slot], ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0)))
+            head = False
+        return tuple(out)
 
 
 class LazyView:
