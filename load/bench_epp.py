@@ -15,6 +15,7 @@ Modes (p50/p99/mean per request, in ms):
     python -m load.bench_epp                       # all modes, 16 endpoints
     python -m load.bench_epp --mode stub --requests 20000 --json out.json
     python -m load.bench_epp --mode stub --config predicted-latency-recommended --inflight 256
+    python -m load.bench_epp --mode stub --config predicted-latency-recommended --inflight 256 --prefilling 16
     python -m load.bench_epp --mode prefix         # prefix index + scorer (load.bench_prefix)
 """
 from __future__ import annotations
@@ -120,25 +121,31 @@ def _request(prefix: str, i: int, headers: dict, tokens: int, prio: int) -> Infe
 
 
 class _InFlight:
-    """Requests kept running after their decision: each gets its first chunk at once and
-    completes ``n`` decisions later (0: at once), so plugins that read the requests running on
-    an endpoint (the decode-harm-filter) do their real work."""
+    """Requests kept running after their decision: each gets its first chunk ``prefilling``
+    decisions after its own (0: at once) and completes ``n`` decisions after that (0: at once),
+    so plugins that read the requests running on an endpoint (the decode-harm-filter) do their
+    real work: on requests decoding, and with ``prefilling`` > 0 on requests still prefilling."""
 
-    def __init__(self, sched: Scheduler, n: int) -> None:
-        self.sched, self.n, self.live = sched, n, collections.deque()
+    def __init__(self, sched: Scheduler, n: int, prefilling: int = 0) -> None:
+        self.sched, self.n, self.prefilling = sched, n, prefilling
+        self.live: collections.deque = collections.deque()
+        self.queued: collections.deque = collections.deque()
 
     def dispatched(self, request_id: str) -> None:
         if self.n <= 0:
             self.sched.on_complete(request_id)
             return
-        self.sched.on_first_chunk(request_id, tokens=1)
-        self.live.append(request_id)
+        self.queued.append(request_id)
+        if len(self.queued) > self.prefilling:
+            first = self.queued.popleft()
+            self.sched.on_first_chunk(first, tokens=1)
+            self.live.append(first)
         if len(self.live) > self.n:
             self.sched.on_complete(self.live.popleft())
 
 
-def run_sync(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0) -> dict:
-    rec, running = _Recorder(warmup), _InFlight(sched, inflight)
+def run_sync(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0, prefilling: int = 0) -> dict:
+    rec, running = _Recorder(warmup), _InFlight(sched, inflight, prefilling)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
         req = _request("r", i, headers, tokens, prio)
         started = rec.start()
@@ -151,8 +158,8 @@ def run_sync(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0) -
     return rec.summary()
 
 
-async def run_async(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0) -> dict:
-    rec, running = _Recorder(warmup), _InFlight(sched, inflight)
+async def run_async(sched: Scheduler, workload, warmup: int = 500, inflight: int = 0, prefilling: int = 0) -> dict:
+    rec, running = _Recorder(warmup), _InFlight(sched, inflight, prefilling)
     for i, (eps, headers, tokens, prio) in enumerate(workload):
         req = _request("a", i, headers, tokens, prio)
         started = rec.start()
@@ -196,23 +203,25 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_CONFIG, inflight: int = 0) -> dict:
+def bench(mode: str, n_requests: int, n_endpoints: int, config: str = REFERENCE_CONFIG, inflight: int = 0,
+          prefilling: int = 0) -> dict:
     """``config``: EndpointPickerConfig YAML text (default llm-d's reference wiring); ``inflight``:
-    requests kept running per decision (stub and inprocess modes)."""
+    requests kept running per decision, ``prefilling`` of them still before their first chunk
+    (stub and inprocess modes)."""
     workload = make_workload(n_requests, n_endpoints)
     out: dict = {}
     if mode in ("stub", "all"):
         s = build_scheduler(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
-        out["stub_sync"] = run_sync(s, workload, inflight=inflight)
+        out["stub_sync"] = run_sync(s, workload, inflight=inflight, prefilling=prefilling)
         s = build_scheduler(config, predictor=StubPredictor(), sink=ListSink(1000), rng=random.Random(1))
-        out["stub_async"] = asyncio.run(run_async(s, workload, inflight=inflight))
+        out["stub_async"] = asyncio.run(run_async(s, workload, inflight=inflight, prefilling=prefilling))
     if mode in ("inprocess", "all"):
         from features.loaded import LoadedBundle
 
         bundle = LoadedBundle.builtin_prior()
         s = build_scheduler(config, predictor=InProcessPredictor(lambda: bundle), sink=ListSink(1000),
                             rng=random.Random(1))
-        out["inprocess_prior"] = run_sync(s, workload, inflight=inflight)
+        out["inprocess_prior"] = run_sync(s, workload, inflight=inflight, prefilling=prefilling)
     if mode in ("server", "all"):
         proc, url = start_prediction_server()
         try:
@@ -251,10 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight", type=int, default=0,
                     help="stub/inprocess modes: requests kept running (first chunk received), each completed this "
                          "many decisions after its own; 0 completes each at once")
+    ap.add_argument("--prefilling", type=int, default=0,
+                    help="with --inflight: each request gets its first chunk this many decisions after its own, so "
+                         "about this many are prefilling at any time (0: every request decodes at once)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
     if args.inflight < 0:
         ap.error("--inflight must be >= 0")
+    if args.prefilling < 0:
+        ap.error("--prefilling must be >= 0")
     if args.mode == "prefix":
         return _main_prefix(args)
     if args.requests is None:
@@ -263,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--requests must be > 500 (the first 500 are warm-up)")
     res = {"endpoints": args.endpoints, "requests": args.requests, "python": sys.version.split()[0],
            "config": args.config or "llm-d reference", "inflight": args.inflight,
+           "prefilling": args.prefilling,
            "results": bench(args.mode, args.requests, args.endpoints,
-                            config_text(args.config) if args.config else REFERENCE_CONFIG, args.inflight)}
+                            config_text(args.config) if args.config else REFERENCE_CONFIG, args.inflight,
+                            args.prefilling)}
     for name, r in res["results"].items():
         extra = f"  fallbacks={r['fallbacks']}" if "fallbacks" in r else ""
         print(f"{name:16s} n={r['n']:6d}  wall p50={r['p50_ms']:.3f} p99={r['p99_ms']:.3f} "

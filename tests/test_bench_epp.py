@@ -43,3 +43,23 @@ def test_cli_takes_a_config_and_inflight(tmp_path, capsys):
     assert res["config"] == "predicted-latency-recommended" and res["inflight"] == 16
     assert set(res["results"]) == {"stub_sync", "stub_async"}
     assert "stub_sync" in capsys.readouterr().out
+
+
+def test_prefilling_requests_reach_the_harm_filter_before_their_first_chunk(monkeypatch):
+    """--prefilling K: the last K requests dispatched have no first chunk yet, so the twin judges
+    endpoints with prompts still prefilling (its general path), as on a real pool."""
+    sched = build_scheduler(config_text("predicted-latency-recommended"), predictor=bench_epp.StubPredictor(),
+                            sink=ListSink(10), rng=random.Random(1))
+    prefilling = []
+    assess = DecodeHarmFilter.assess
+
+    def spy(self, request, endpoints):
+        prefilling.append(sum(1 for e in endpoints if e.prediction is not None
+                              for r in e.prediction.running_decodes() if r.prefill > 0))
+        return assess(self, request, endpoints)
+
+    monkeypatch.setattr(DecodeHarmFilter, "assess", spy)
+    workload = [(eps, {**h, "x-llm-d-slo-tpot-ms": "50"}, t, 0) for eps, h, t, _ in bench_epp.make_workload(600, 4)]
+    bench_epp.run_sync(sched, workload, warmup=100, inflight=64, prefilling=8)
+    assert max(prefilling) == 8
+    assert sum(len(sched.producer.running.requests(f"pod{i // 2}-rank-{i % 2}")) for i in range(4)) == 64 + 8
