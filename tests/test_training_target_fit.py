@@ -1,11 +1,13 @@
-"""The drift step of the forward calibration (training_server.target_fit.drift_factor): a
-conformal factor that grew across the newest calibration rows is carried forward to the rows
-the served model answers next; steady or falling factors are left alone."""
+"""The forward calibration of training_server.target_fit: the drift step (a conformal factor that
+grew across the newest calibration rows is carried forward to the rows the served model answers
+next; steady or falling factors are left alone), TPOT's pooled calibration rows, and candidates
+whose calibration no manifest accepts."""
 from __future__ import annotations
 
 import numpy as np
 
 from test_training_trainer import _linear_ramp
+from features.schema import COL
 from training_server import target_fit
 from training_server.calibration import conformal_offset
 from training_server.trainer import TrainConfig, loaded_bundle, train_models
@@ -81,3 +83,37 @@ def test_a_collapsed_tree_candidate_never_ships_a_calibration_no_manifest_accept
     assert conformal_offset(ttft[-400:] / 1e-6, cfg.quantile) > SCALE_RANGE[1]
     res = train_models(raw, ttft, ttft * 0, config=TrainConfig())  # the real path still trains and loads
     assert loaded_bundle(res, make_version(1)).has_model("ttft")
+
+
+def test_tpot_margin_pools_a_calm_newest_stretch_with_a_random_share():
+    """TPOT whose noise calms down over the newest 20% of the training rows. The newest rows'
+    factor alone is too small if the noise comes back (here 78% coverage), a random share's alone
+    (mostly noisy rows) over-covers while it stays calm (97%); TPOT's default ("pooled") takes the
+    factor over both shares together, between the two (85% and 95%), and never less than the
+    newest rows' factor (a noisy newest stretch keeps its own)."""
+    n, ahead = 2000, 400
+    raw, _, _ = _linear_ramp(n + ahead, seed=13)
+    rng = np.random.default_rng(13)
+    level = 15 + 0.5 * raw[:, COL["num_request_running"]]
+    calm = np.zeros(n + ahead, dtype=bool)
+    calm[int(0.8 * n):] = True  # the newest 20% of the training rows and what follows
+    noise = np.where(calm, rng.exponential(0.15, n + ahead), rng.exponential(0.25, n + ahead))
+    tpot = level * (1.0 + noise)
+    noisy_again = level * (1.0 + rng.exponential(0.25, n + ahead))
+    scale, cover_calm, cover_noisy = {}, {}, {}
+    for rows in ("newest", "pooled", "both"):
+        cfg = TrainConfig(calibration_rows={"ttft": "newest", "tpot": rows})
+        res = train_models(raw[:n], np.zeros(n), tpot[:n], config=cfg)
+        pred = loaded_bundle(res).predict(raw[n:])[1]
+        scale[rows] = res.calibration["tpot"]["scale"]
+        cover_calm[rows] = float(np.mean(tpot[n:] <= pred))
+        cover_noisy[rows] = float(np.mean(noisy_again[n:] <= pred))
+    assert scale["newest"] < scale["pooled"] < scale["both"]
+    assert cover_noisy["newest"] < cover_noisy["pooled"] - 0.05     # the lull does not set the margin alone
+    assert abs(cover_calm["pooled"] - 0.9) < abs(cover_calm["both"] - 0.9) - 0.01  # nor the noisy random share
+    # a noisy newest stretch (calm before it): its own factor is kept, pooled or not
+    flipped = level * (1.0 + np.where(calm, rng.exponential(0.25, n + ahead), rng.exponential(0.15, n + ahead)))
+    kept = {rows: train_models(raw[:n], np.zeros(n), flipped[:n], config=TrainConfig(
+        calibration_rows={"ttft": "newest", "tpot": rows})).calibration["tpot"]["scale"] for rows in ("newest", "pooled")}
+    assert kept["pooled"] == kept["newest"]
+    assert TrainConfig().calibration_rows == {"ttft": "newest", "tpot": "pooled"}  # what the server trains

@@ -108,9 +108,9 @@ class TrainConfig:
     #: simulator traces of load.record_traces it is chosen only on the ramp: forward TTFT 780 -> 736 ms
     #: (linear baseline 758); other traces and random splits unchanged. TPOT: lost (ramp 1.79 -> 1.85)
     base_alone: Mapping[str, bool] = field(default_factory=lambda: {"ttft": True})
-    #: per target, the conformal calibration rows: "newest" (time order) or "both" (the larger
-    #: correction of the newest and of a random share; training_server.target_fit)
-    calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "both"})
+    #: per target, the conformal calibration rows (training_server.target_fit): "newest" (time order),
+    #: "both" / "pooled" (the larger of the newest rows' factor and a random share's / both's together)
+    calibration_rows: Mapping[str, str] = field(default_factory=lambda: {"ttft": "newest", "tpot": "pooled"})
 
     def __post_init__(self) -> None:
         if self.model_type not in FILE_EXT:
