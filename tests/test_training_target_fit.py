@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from test_training_trainer import _linear_ramp
 from features.schema import COL
+from test_training_trainer import _linear_ramp
 from training_server import target_fit
 from training_server.calibration import conformal_offset
 from training_server.trainer import TrainConfig, loaded_bundle, train_models
@@ -114,6 +114,15 @@ def test_tpot_margin_pools_a_calm_newest_stretch_with_a_random_share():
     # a noisy newest stretch (calm before it): its own factor is kept, pooled or not
     flipped = level * (1.0 + np.where(calm, rng.exponential(0.25, n + ahead), rng.exponential(0.15, n + ahead)))
     kept = {rows: train_models(raw[:n], np.zeros(n), flipped[:n], config=TrainConfig(
-        calibration_rows={"ttft": "newest", "tpot": rows})).calibration["tpot"]["scale"] for rows in ("newest", "pooled")}
+        calibration_rows={"ttft": "newest", "tpot": rows})).calibration["tpot"]["scale"]
+        for rows in ("newest", "pooled")}
     assert kept["pooled"] == kept["newest"]
     assert TrainConfig().calibration_rows == {"ttft": "newest", "tpot": "pooled"}  # what the server trains
+
+
+def test_an_unknown_calibration_rows_value_is_refused_not_read_as_newest():
+    import pytest
+
+    with pytest.raises(ValueError, match="calibration_rows"):
+        TrainConfig(calibration_rows={"ttft": "newest", "tpot": "random"})
+    assert TrainConfig(calibration_rows={"ttft": "both", "tpot": "newest"}).calibration_rows["ttft"] == "both"

@@ -133,10 +133,8 @@ class TrainConfig:
             raise ValueError("calibration_kind must be 'scale' or 'offset'")
         if self.nthread < 1 or self.min_rows < 2:
             raise ValueError("nthread must be >= 1 and min_rows >= 2")
-
-    @property
-    def feature_set(self) -> str:
-        return self.recipe
+        if not set(self.calibration_rows.values()) <= {"newest", "both", "pooled"}:
+            raise ValueError("calibration_rows values must be 'newest', 'both' or 'pooled'")
 
 
 @dataclass
@@ -314,7 +312,7 @@ def train_models(raw: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, *, config:
     if not np.isfinite(raw).all():
         raise ValueError("raw features must be finite")
     w_all = None if weights is None else np.asarray(weights, dtype=np.float64)
-    names_all = FEATURE_SETS[config.feature_set]
+    names_all = FEATURE_SETS[config.recipe]
     models: dict[str, bytes] = {}
     calibration: dict[str, dict] = {}
     prior: dict[str, dict] = {}
@@ -378,7 +376,7 @@ def build_bundle(result: TrainResult, version: str, *, metrics: Mapping | None =
     files = {f"{t}.{ext}": data for t, data in result.models.items()}
     cfg = result.config
     manifest = build_manifest(
-        version=version, created_at=result.created_at, feature_set=cfg.feature_set, model_kind=cfg.model_type,
+        version=version, created_at=result.created_at, feature_set=cfg.recipe, model_kind=cfg.model_type,
         objective=cfg.objective, quantile=cfg.quantile, mode=result.mode,
         models={t: (f"{t}.{ext}", fmt) for t in result.models}, files=files, prior=result.prior,
         base={t: b for t, b in result.base.items() if t in result.targets} if result.base else None,
