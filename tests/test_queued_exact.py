@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+from epp_client.engine.features import queued_features, step_features
 from epp_client.engine.model import Outcome
 from epp_client.engine.queued import queued_runs
 from epp_client.engine.stretch import DecodeCache
@@ -52,3 +53,23 @@ def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_
         fast += 1
         harmed += want.harm > 0
     assert fast > 2_000 and none > 30 and harmed > 200
+
+
+def test_the_engine_features_from_the_queue_and_the_decodes_summed_are_the_per_request_views():
+    rng = random.Random(78)
+    found = none = 0
+    for _ in range(2_000):
+        model = rng.choice(MODELS)
+        budget, max_steps = rng.choice((512, 2_048)), rng.choice((4_000, 4_000, 30, 9))
+        decoding = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0)),
+                                 rng.randint(10, 6_000)) for _ in range(rng.choice((0, 1, 8, rng.randint(0, 60)))))
+        queued = _queued(rng)
+        prompt = rng.randint(1, 12_000)
+        cached = rng.choice((0, prompt // 2, prompt))
+        want = step_features(model, budget, (*decoding, *queued), prompt, cached, max_steps)
+        got = queued_features(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued, prompt,
+                              cached, max_steps)
+        assert got == want and repr(got) == repr(want)
+        found += want is not None
+        none += want is None
+    assert found > 1_000 and none > 30

@@ -15,15 +15,12 @@ from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_ch
 from epp_client.engine.twin import Running, StepModel, _first_flip, _run, _State, _under_way
 
 
-def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
-                prompt_tokens: int, uncached: int, probe: int, max_steps: int, decode_cache: DecodeCache | None
-                ) -> tuple[float, float, float, int, float, int, int] | None:
-    """The two runs of :func:`~epp_client.engine.twin.placement` where ``decodes`` requests with
-    ``context`` tokens decode and ``queued`` (dispatch order, none with a first token) wait for or
-    are in their prefill: (the request's first token time, its TPOT, the time and steps the run
-    with it ends at, the time and steps the run without it ends at, how many of ``queued`` are
-    over their TPOT SLO at the end of the run with it less those at the end of the run without
-    it). None where the request gets no first token within ``max_steps``."""
+def queue_state(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+                prompt_tokens: int, uncached: int) -> tuple[list[int], list[int], list[int]]:
+    """The twin's queue where ``decodes`` requests with ``context`` tokens decode, ``queued`` wait
+    for or are in their prefill and the request (``uncached`` of its ``prompt_tokens`` to prefill)
+    comes last: per queued request and the request, the prompt tokens left to prefill and done,
+    and the queue (all of them, in order), as :func:`~epp_client.engine.twin._start` gives them."""
     reqs = (*queued, Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached))
     left: list[int] = []
     done: list[int] = []
@@ -34,6 +31,19 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
         done.append(d if d > 0 else 0)
     queue = list(range(len(reqs)))
     _under_way(model, budget, reqs, left, done, queue, decodes, context)
+    return left, done, queue
+
+
+def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+                prompt_tokens: int, uncached: int, probe: int, max_steps: int, decode_cache: DecodeCache | None
+                ) -> tuple[float, float, float, int, float, int, int] | None:
+    """The two runs of :func:`~epp_client.engine.twin.placement` where ``decodes`` requests with
+    ``context`` tokens decode and ``queued`` (dispatch order, none with a first token) wait for or
+    are in their prefill: (the request's first token time, its TPOT, the time and steps the run
+    with it ends at, the time and steps the run without it ends at, how many of ``queued`` are
+    over their TPOT SLO at the end of the run with it less those at the end of the run without
+    it). None where the request gets no first token within ``max_steps``."""
+    left, done, queue = queue_state(model, budget, decodes, context, queued, prompt_tokens, uncached)
     room = budget - decodes - len(queued)     # the least room of any step until its first token
     if queued and room > 0:
         bound = probe if probe > 0 else 0     # more steps than the run with it takes
