@@ -21,17 +21,17 @@ def queue_state(model: StepModel, budget: int, decodes: int, context: float, que
     for or are in their prefill and the request (``uncached`` of its ``prompt_tokens`` to prefill)
     comes last: per queued request and the request, the prompt tokens left to prefill and done,
     and the queue (all of them, in order), as :func:`~epp_client.engine.twin._start` gives them."""
-    reqs = (*queued, Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached))
     left: list[int] = []
     done: list[int] = []
-    for r in reqs:     # every one is in the queue: none has a first token
+    for r in queued:     # every one is in the queue: none has a first token
         n = r.prefill if r.prefill > 0 else 0
         d = r.context - n
         left.append(n)
         done.append(d if d > 0 else 0)
-    queue = list(range(len(reqs)))
-    _under_way(model, budget, reqs, left, done, queue, decodes, context)
-    return left, done, queue
+    _under_way(model, budget, queued, left, done, range(len(queued)), decodes, context)
+    left.append(uncached)   # the request: nothing under way
+    done.append((prompt_tokens if prompt_tokens > uncached else uncached) - uncached)
+    return left, done, list(range(len(left)))
 
 
 def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
@@ -108,7 +108,7 @@ def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queu
         if j == nq and room > 0:
             break   # the request's first chunk is in this step: the runs part here
         ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
-        t += max(ms, 0.1) / speed
+        t += (0.1 if 0.1 > ms else ms) / speed
         steps += 1
         context += decodes
         for i in range(head, j):
@@ -122,14 +122,14 @@ def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queu
     t0 = t      # the run without it: where it parts, then to the end of the run with it
     if part < nq:   # those ahead of it take their last chunks in this step, with it and without it
         ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
-        t0 = t + max(ms, 0.1) / speed
+        t0 = t + (0.1 if 0.1 > ms else ms) / speed
         n = left_new if left_new < room else room
         pairs += n * (done_new + n / 2.0)
         tokens += n
         left_new -= n
         done_new += n
         ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
-        t += max(ms, 0.1) / speed
+        t += (0.1 if 0.1 > ms else ms) / speed
         steps += 1
         steps0 = steps
         context += decodes

@@ -24,6 +24,7 @@ no I/O.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -128,7 +129,7 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
 
 
 def _under_way(model: StepModel, budget: int, reqs: tuple[Running, ...], left: list[int], done: list[int],
-               queue: list[int], decodes: int, ctx: float) -> None:
+               queue: Sequence[int], decodes: int, ctx: float) -> None:
     """The prefill under way: the full chunks of the queue's head since it reached the head
     (``queued_ms``), taken from ``left`` and added to ``done``."""
     room = max(1, budget - decodes)
