@@ -6,8 +6,8 @@ queue is stepped request by request, once for both runs up to the step in which 
 room for a prefill). :meth:`epp_client.engine.twin_engine.TwinEngine.placements`
 takes the sums and the queue from the producer's columns (``DecodingView.queued``) and counts
 the decodes pushed over their SLO for all candidates at once (``DecodingView.over_counts``);
-the outcome is :func:`epp_client.engine.twin.placement`'s to the last bit (tests/test_twin_exact.py,
-tests/test_producer_running_columns.py).
+the outcome is :func:`epp_client.engine.twin.placement`'s to the last bit (tests/test_engine_queued.py,
+tests/test_twin_exact.py, tests/test_producer_running_columns.py).
 """
 from __future__ import annotations
 
