@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from epp_client.engine.queued import queue_state
 from epp_client.engine.twin import Running, StepModel, _start
 
 #: the five sums, or None (no first token within the step bound)
@@ -98,9 +99,24 @@ def step_features(model: StepModel, budget: int, running: tuple[Running, ...], p
     uncached = max(1, prompt_tokens - cached_tokens)
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
     st = _start(model, budget, (*running, new))
-    left, done, queue = st.left, st.done, st.queue
-    decodes, context = st.decodes, st.context
-    new_i = len(running)
+    return _sums(budget, st.left, st.done, st.queue, st.decodes, st.context, len(running), max_steps)
+
+
+def queued_features(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+                    prompt_tokens: int, cached_tokens: int, max_steps: int = 4000
+                    ) -> tuple[float, float, float, float, float] | None:
+    """:func:`step_features` where ``decodes`` requests with ``context`` tokens decode (with their
+    tokens counted) and ``queued`` (dispatch order) wait for or are in their prefill: the
+    producer's columns and queue (``DecodingView.queued``), without building the decodes' rows."""
+    uncached = max(1, prompt_tokens - cached_tokens)
+    left, done, queue = queue_state(model, budget, decodes, context, queued, prompt_tokens, uncached)
+    return _sums(budget, left, done, queue, decodes, context, len(queued), max_steps)
+
+
+def _sums(budget: int, left: list[int], done: list[int], queue: list[int], decodes: int, context: float, new_i: int,
+          max_steps: int) -> tuple[float, float, float, float, float] | None:
+    """The five sums of the twin's steps over ``queue`` (``left`` and ``done`` per request) beside
+    ``decodes`` decodes with ``context`` tokens until request ``new_i``'s first token."""
     head, n_queue = 0, len(queue)
     steps = tokens_sum = context_sum = decode_steps = pairs_sum = 0.0
     for _ in range(max_steps):

@@ -1,16 +1,37 @@
 """The engine twin's placement on an endpoint where requests wait for or are in their prefill
 beside requests that decode with their tokens counted: the decodes enter the run as two sums
 (how many, their context), as in :func:`epp_client.engine.twin._decoding_runs`, and only the
-queue is stepped request by request. :meth:`epp_client.engine.twin_engine.TwinEngine.placements`
+queue is stepped request by request, once for both runs up to the step in which they part
+(:func:`_both_runs`; the general loop where a run could reach ``max_steps`` or a step have no
+room for a prefill). :meth:`epp_client.engine.twin_engine.TwinEngine.placements`
 takes the sums and the queue from the producer's columns (``DecodingView.queued``) and counts
 the decodes pushed over their SLO for all candidates at once (``DecodingView.over_counts``);
-the outcome is :func:`epp_client.engine.twin.placement`'s to the last bit (tests/test_twin_exact.py,
-tests/test_producer_running_columns.py).
+the outcome is :func:`epp_client.engine.twin.placement`'s to the last bit (tests/test_engine_queued.py,
+tests/test_twin_exact.py, tests/test_producer_running_columns.py).
 """
 from __future__ import annotations
 
-from epp_client.engine.stretch import DecodeCache
+from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_chunks
 from epp_client.engine.twin import Running, StepModel, _first_flip, _run, _State, _under_way
+
+
+def queue_state(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+                prompt_tokens: int, uncached: int) -> tuple[list[int], list[int], list[int]]:
+    """The twin's queue where ``decodes`` requests with ``context`` tokens decode, ``queued`` wait
+    for or are in their prefill and the request (``uncached`` of its ``prompt_tokens`` to prefill)
+    comes last: per queued request and the request, the prompt tokens left to prefill and done,
+    and the queue (all of them, in order), as :func:`~epp_client.engine.twin._start` gives them."""
+    left: list[int] = []
+    done: list[int] = []
+    for r in queued:     # every one is in the queue: none has a first token
+        n = r.prefill if r.prefill > 0 else 0
+        d = r.context - n
+        left.append(n)
+        done.append(d if d > 0 else 0)
+    _under_way(model, budget, queued, left, done, range(len(queued)), decodes, context)
+    left.append(uncached)   # the request: nothing under way
+    done.append((prompt_tokens if prompt_tokens > uncached else uncached) - uncached)
+    return left, done, list(range(len(left)))
 
 
 def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
@@ -22,16 +43,14 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
     with it ends at, the time and steps the run without it ends at, how many of ``queued`` are
     over their TPOT SLO at the end of the run with it less those at the end of the run without
     it). None where the request gets no first token within ``max_steps``."""
-    reqs = (*queued, Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached))
-    left: list[int] = []
-    done: list[int] = []
-    for r in reqs:     # every one is in the queue: none has a first token
-        n = r.prefill if r.prefill > 0 else 0
-        d = r.context - n
-        left.append(n)
-        done.append(d if d > 0 else 0)
-    queue = list(range(len(reqs)))
-    _under_way(model, budget, reqs, left, done, queue, decodes, context)
+    left, done, queue = queue_state(model, budget, decodes, context, queued, prompt_tokens, uncached)
+    room = budget - decodes - len(queued)     # the least room of any step until its first token
+    if queued and room > 0:
+        bound = probe if probe > 0 else 0     # more steps than the run with it takes
+        for n in left:
+            bound += -(-n // room) if n > 1 else 1
+        if bound <= max_steps:
+            return _both_runs(model, budget, decodes, context, queued, left, done, probe, max_steps, decode_cache)
     st = _State(left, done, queue, decodes, context)
     i = len(queued)
     fork = _run(model, budget, st, i, probe, max_steps=max_steps)
@@ -48,4 +67,86 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
     for j, r in enumerate(queued):
         if r.tpot_slo_ms > 0:
             flips += _first_flip(r.tpot_slo_ms, firsts.get(j), t, steps, firsts0.get(j), t0, steps0)
+    return tf, tpot, t, steps, t0, steps0, flips
+
+
+def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+               left: list[int], done: list[int], probe: int, max_steps: int, decode_cache: DecodeCache | None
+               ) -> tuple[float, float, float, int, float, int, int]:
+    """:func:`queued_runs` where the run with the request ends within ``max_steps`` and every step
+    has room for a prefill: the steps of :func:`~epp_client.engine.twin._run` in the same order
+    with the same arithmetic, the queue ahead stepped once for both runs. The runs part in the
+    step in which the request gets its first chunk (the step of those ahead of it, with and
+    without it); from there, the request alone (:func:`alone`) and a decode-only stretch."""
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    nq = len(queued)    # the request is the last, at nq
+    t, steps, head = 0.0, 0, 0
+    firsts: dict[int, tuple[float, int]] = {}    # first tokens before the runs part: the same in both
+    while True:
+        room = budget - decodes
+        if head < nq:
+            m = (left[head] - 1) // room    # its full chunks but the last
+            if m >= 1:
+                t, k = full_chunks(model, decodes, context, t, room, done[head], m, None)
+                left[head] -= k * room
+                done[head] += k * room
+                steps += k
+                context += k * decodes
+                continue
+        tokens, pairs, j = decodes, 0.0, head
+        while j < nq and room > 0:
+            n = left[j] if left[j] < room else room
+            n = n if n > 1 else 1       # a fully cached prompt still takes a step
+            pairs += n * (done[j] + n / 2.0)
+            left[j] -= n
+            done[j] += n
+            room -= n
+            tokens += n
+            j += 1
+        if j == nq and room > 0:
+            break   # the request's first chunk is in this step: the runs part here
+        ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
+        t += (0.1 if 0.1 > ms else ms) / speed
+        steps += 1
+        context += decodes
+        for i in range(head, j):
+            if left[i] <= 0:
+                firsts[i] = (t, steps)
+                decodes += 1
+                context += done[i] + 1
+        while head < nq and left[head] <= 0:
+            head += 1
+    part, steps0, left_new, done_new = head, steps, left[nq], done[nq]
+    t0 = t      # the run without it: where it parts, then to the end of the run with it
+    if part < nq:   # those ahead of it take their last chunks in this step, with it and without it
+        ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
+        t0 = t + (0.1 if 0.1 > ms else ms) / speed
+        n = left_new if left_new < room else room
+        pairs += n * (done_new + n / 2.0)
+        tokens += n
+        left_new -= n
+        done_new += n
+        ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
+        t += (0.1 if 0.1 > ms else ms) / speed
+        steps += 1
+        steps0 = steps
+        context += decodes
+        for i in range(part, nq):
+            decodes += 1
+            context += done[i] + 1
+    first, first0 = (t, steps), (t0, steps)     # of those ahead of it that take their last chunk there
+    tf, sf, t, steps = alone(model, budget - decodes, decodes, context, t, steps, left_new, done_new, probe,
+                             max_steps)
+    if decodes and (part == nq or t0 < t):    # then a decode-only stretch (all that run without it decode)
+        t0, k = _decode_steps(model, decodes, context, t0, max_steps - steps0, t, decode_cache)
+        steps0 += k
+    flips = 0
+    for i, r in enumerate(queued):
+        if r.tpot_slo_ms > 0:
+            f = firsts.get(i)
+            flips += _first_flip(r.tpot_slo_ms, f, t, steps, f, t0, steps0) if i < part else \
+                _first_flip(r.tpot_slo_ms, first, t, steps, first0, t0, steps0)
+    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     return tf, tpot, t, steps, t0, steps0, flips

@@ -187,3 +187,41 @@ def _full_chunks_loop(model: StepModel, decodes: int, context: float, t: float, 
         if until_ms is not None and t >= until_ms:
             break
     return t, k
+
+
+def alone(model: StepModel, room: int, decodes: int, context: float, t: float, steps: int, left: int, done: int,
+          probe: int, max_steps: int) -> tuple[float, int, float, int]:
+    """A prompt alone in the queue beside ``decodes`` decodes (at least one) with ``context`` tokens
+    and ``room`` (> 0) of the budget: its ``left`` tokens still to prefill (0: its last chunk ran in
+    the step that ended at ``t``, ``steps``) with ``done`` prefilled, then ``probe`` decode steps, as
+    :func:`epp_client.engine.twin._run` steps them, to the last bit. Returns (its first token's time
+    and step, the time and steps reached); the caller keeps within ``max_steps`` but for the probe."""
+    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
+        model.decode_ms
+    per_pair, speed = model.per_prefill_pair_ms, model.speed
+    m = (left - 1) // room    # its full chunks but the last
+    if m >= _VECTOR_CHUNKS:
+        t, k = full_chunks(model, decodes, context, t, room, done, m, None)
+        steps += k
+        left -= m * room
+        done += m * room
+        context += m * decodes
+    while left > 0:     # the general step with this prompt alone in it
+        n = left if left < room else room
+        pairs = 0.0 + n * (done + n / 2.0)
+        left -= n
+        done += n
+        ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
+        t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
+        steps += 1
+        context += decodes
+    tf, sf = t, steps
+    context += done + 1
+    # the probe's decode steps (:func:`_decode_steps`, inlined: the same arithmetic in the same order)
+    base, zero = fixed + per_token * (decodes + 1), per_pair * 0.0
+    for _ in range(min(probe, max_steps - steps)):
+        ms = base + per_context * context + decode_ms + zero
+        t += (ms if ms > 0.1 else 0.1) / speed
+        context += decodes + 1
+        steps += 1
+    return tf, sf, t, steps

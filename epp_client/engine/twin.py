@@ -24,11 +24,12 @@ no I/O.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.stretch import _VECTOR_CHUNKS, DecodeCache, _decode_steps, full_chunks
+from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_chunks
 
 
 class Running(NamedTuple):
@@ -128,7 +129,7 @@ def _start(model: StepModel, budget: int, reqs: tuple[Running, ...]) -> _State:
 
 
 def _under_way(model: StepModel, budget: int, reqs: tuple[Running, ...], left: list[int], done: list[int],
-               queue: list[int], decodes: int, ctx: float) -> None:
+               queue: Sequence[int], decodes: int, ctx: float) -> None:
     """The prefill under way: the full chunks of the queue's head since it reached the head
     (``queued_ms``), taken from ``left`` and added to ``done``."""
     room = max(1, budget - decodes)
@@ -337,38 +338,10 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
     left, done = uncached, (prompt_tokens if prompt_tokens > uncached else uncached) - uncached
     if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
         return None
-    ctx0 = context
-    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
-        model.decode_ms
-    per_pair, speed = model.per_prefill_pair_ms, model.speed
-    t, steps = 0.0, 0
-    m = (left - 1) // room    # its full chunks but the last
-    if m >= _VECTOR_CHUNKS:
-        t, steps = full_chunks(model, decodes, context, t, room, done, m, None)
-        left -= m * room
-        done += m * room
-        context += m * decodes
-    while left > 0:     # the request's prefill chunks, as :func:`_run` steps them
-        n = left if left < room else room
-        pairs = 0.0 + n * (done + n / 2.0)
-        left -= n
-        done += n
-        ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
-        t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
-        steps += 1
-        context += decodes
-    tf, sf = t, steps
-    context += done + 1
-    # the probe's decode steps (:func:`_decode_steps`, inlined: the same arithmetic in the same order)
-    base, zero = fixed + per_token * (decodes + 1), per_pair * 0.0
-    for _ in range(min(probe, max_steps - steps)):
-        ms = base + per_context * context + decode_ms + zero
-        t += (ms if ms > 0.1 else 0.1) / speed
-        context += decodes + 1
-        steps += 1
+    tf, sf, t, steps = alone(model, room, decodes, context, 0.0, 0, left, done, probe, max_steps)
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     if decode_cache is not None:    # the run without it (_decode_steps with a cache: DecodeCache.end)
-        t0, steps0 = decode_cache.end(model, decodes, ctx0, 0.0, max_steps, t)
+        t0, steps0 = decode_cache.end(model, decodes, context, 0.0, max_steps, t)
     else:
-        t0, steps0 = _decode_steps(model, decodes, ctx0, 0.0, max_steps, t, None)
+        t0, steps0 = _decode_steps(model, decodes, context, 0.0, max_steps, t, None)
     return tf, tpot, t, steps, t0, steps0

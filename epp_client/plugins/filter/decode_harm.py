@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from epp_client.engine.features import EngineView, decoding_features, step_features, twin_ttft
+from epp_client.engine.features import EngineView, decoding_features, queued_features, step_features, twin_ttft
 from epp_client.engine.learned import LearnedTwin, StepModels, engine_class
 from epp_client.engine.model import EngineModel, Outcome
 from epp_client.engine.twin import StepModel
@@ -217,6 +217,10 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         if view is not None and i < view.size and not view.general[i] and view.decodes[i]:   # all decoding
             redo = partial(decoding_features, self.prefill_chunk_tokens, int(view.decodes[i]), float(view.context[i]),
                            max_steps=self.max_steps)
+        elif view is not None and i < view.size and view.paced is not None and view.queued is not None and \
+                not view.paced[i]:     # requests waiting for their first token beside counted decodes
+            redo = partial(queued_features, model, self.prefill_chunk_tokens, int(view.decodes[i]),
+                           float(view.context[i]), view.queued(i), max_steps=self.max_steps)
         else:
             redo = partial(step_features, model, self.prefill_chunk_tokens, e.prediction.running_decodes(),
                            max_steps=self.max_steps)

@@ -1,0 +1,75 @@
+"""The engine twin's placement on an endpoint with requests waiting for or in their prefill beside
+counted decodes (:func:`epp_client.engine.queued.queued_runs`: the queue ahead stepped once for the
+runs with and without the request) gives the plain replay's outcome to the last bit."""
+from __future__ import annotations
+
+import random
+
+from epp_client.engine.features import queued_features, step_features
+from epp_client.engine.model import Outcome
+from epp_client.engine.queued import queued_runs
+from epp_client.engine.stretch import DecodeCache
+from epp_client.engine.twin import Running
+from test_twin_exact import MODELS, ref_placement
+
+
+def _queued(rng: random.Random) -> tuple[Running, ...]:
+    """Prompts waiting for their first token: some fully cached (nothing left to prefill), some
+    whose prefill is under way, a few exactly as large as a step's room (the next is then skipped
+    past as the replay does)."""
+    out = []
+    for _ in range(rng.randint(1, 12)):
+        left = rng.choice((0, 1, 2, 512 - 8, 2_048, rng.randint(1, 300), rng.randint(1, 9_000)))
+        out.append(Running(0.0, 0, rng.choice((0.0, 0.0, 20.0, 50.0, 200.0)), left + rng.randint(0, 3_000), left,
+                           rng.choice((0.0, 0.0, 30.0, 900.0))))
+    return tuple(out)
+
+
+def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_last_bit():
+    rng = random.Random(77)
+    cache = DecodeCache()
+    fast = none = harmed = 0
+    for _ in range(3_000):
+        model = rng.choice(MODELS)
+        budget, probe, max_steps = rng.choice((512, 2_048)), rng.randint(0, 8), rng.choice((4_000, 4_000, 30, 9))
+        decoding = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0)),
+                                 rng.randint(10, 6_000)) for _ in range(rng.choice((0, 1, 8, rng.randint(0, 60)))))
+        queued = _queued(rng)
+        prompt = rng.randint(1, 12_000)
+        cached = rng.choice((0, prompt // 2, prompt))
+        want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, probe, max_steps)
+        uncached = max(1, prompt - cached)
+        got = queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued, prompt,
+                          uncached, probe, max_steps, cache if rng.random() < 0.7 else None)
+        if got is None:
+            none += 1
+            assert want.ttft_ms == float("inf")
+            continue
+        tf, tpot, t, steps, t0, steps0, harm = got
+        for d, tokens, slo, _, _, _ in decoding:
+            if slo > 0:
+                harm += ((d + t) / (tokens - 1 + steps) > slo) - ((d + t0) / (tokens - 1 + steps0) > slo)
+        assert Outcome(harm if harm > 0 else 0, tf, tpot) == want
+        fast += 1
+        harmed += want.harm > 0
+    assert fast > 2_000 and none > 30 and harmed > 200
+
+
+def test_the_engine_features_from_the_queue_and_the_decodes_summed_are_the_per_request_views():
+    rng = random.Random(78)
+    found = none = 0
+    for _ in range(2_000):
+        model = rng.choice(MODELS)
+        budget, max_steps = rng.choice((512, 2_048)), rng.choice((4_000, 4_000, 30, 9))
+        decoding = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0)),
+                                 rng.randint(10, 6_000)) for _ in range(rng.choice((0, 1, 8, rng.randint(0, 60)))))
+        queued = _queued(rng)
+        prompt = rng.randint(1, 12_000)
+        cached = rng.choice((0, prompt // 2, prompt))
+        want = step_features(model, budget, (*decoding, *queued), prompt, cached, max_steps)
+        got = queued_features(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued, prompt,
+                              cached, max_steps)
+        assert got == want and repr(got) == repr(want)
+        found += want is not None
+        none += want is None
+    assert found > 1_000 and none > 30
