@@ -151,6 +151,25 @@ def test_the_columns_follow_an_endpoints_running_requests_from_dispatch_to_compl
     assert not (view.slo < float("inf")).any()
 
 
+def test_a_views_queue_is_the_one_its_decision_judged_until_a_new_view():
+    """The queue of an endpoint's requests without a first token is read once per view: the
+    dispatch that follows a decision (other requests' chunks may arrive in between, in the
+    gateway) gets the queue the decision judged; the next decision's view has the new one."""
+    clock = Clock(50.0)
+    prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
+    eps = [Endpoint(name="a", metrics=EndpointMetrics(0.2, 0, 0))]
+    for rid in ("x", "y"):
+        req = InferenceRequest(request_id=rid, headers={"x-llm-d-slo-tpot-ms": "20"}, input_tokens=1_000)
+        prod.produce(req, eps)
+        prod.pre_request(req, eps[0])
+    view = prod.decoding_columns(clock())
+    judged = view.queued(0)
+    assert [(r.tokens, r.prefill) for r in judged] == [(0, 1_000), (0, 1_000)]
+    prod.on_first_chunk("x", tokens=1)
+    assert view.queued(0) is judged                     # what the decision judged
+    assert [r.prefill for r in prod.decoding_columns(clock()).queued(0)] == [1_000]
+
+
 def test_a_producer_whose_decisions_never_read_the_columns_does_not_keep_them():
     clock = Clock(50.0)
     prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)

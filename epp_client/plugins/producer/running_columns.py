@@ -151,7 +151,15 @@ class RunningColumns:
         elapsed = (now - self.dispatch[:n]) * 1000.0 - self.ttft[:n]
         return DecodingView(dict(self._index), len(self._names), self._general[:], self._decodes[:], self._context[:],
                             np.where(elapsed > 0.0, elapsed, 0.0), self.after_first[:n].copy(), self.slo[:n].copy(),
-                            self.endpoint[:n].copy(), self._paced[:], partial(self.queued_at, now))
+                            self.endpoint[:n].copy(), self._paced[:], partial(self._queued_once, now, {}))
+
+    def _queued_once(self, now: float, seen: dict[int, tuple[Running, ...]], pos: int) -> tuple[Running, ...]:
+        """:meth:`queued_at`, read once per view and position: a later read (the dispatch's, after
+        other requests' chunks may have arrived) gives what the decision judged."""
+        queue = seen.get(pos)
+        if queue is None:
+            queue = seen[pos] = self.queued_at(now, pos)
+        return queue
 
     def queued_at(self, now: float, pos: int) -> tuple[Running, ...]:
         """The requests without a first token on the endpoint at ``pos``, in dispatch order, as
