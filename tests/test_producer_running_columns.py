@@ -120,14 +120,20 @@ def test_every_decision_judged_from_the_columns_is_the_per_request_views_to_the_
     assert fast > 1_000 and queued > 300 and harmed > 300
 
 
-def test_the_columns_follow_an_endpoints_running_requests_from_dispatch_to_completion():
-    clock = Clock(50.0)
+def _two_dispatched(clock: Clock) -> PredictedLatencyProducer:
+    """A producer that dispatched two requests of 1,000 prompt tokens (TPOT SLO 20 ms) to ``a``."""
     prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
     eps = [Endpoint(name="a", metrics=EndpointMetrics(0.2, 0, 0))]
     for rid in ("x", "y"):
         req = InferenceRequest(request_id=rid, headers={"x-llm-d-slo-tpot-ms": "20"}, input_tokens=1_000)
         prod.produce(req, eps)
         prod.pre_request(req, eps[0])
+    return prod
+
+
+def test_the_columns_follow_an_endpoints_running_requests_from_dispatch_to_completion():
+    clock = Clock(50.0)
+    prod = _two_dispatched(clock)
     view = prod.decoding_columns(clock())
     assert (view.general, view.decodes) == ([2], [0])      # both prefilling: judged per request
     clock.t = 50.2
@@ -156,12 +162,7 @@ def test_a_views_queue_is_the_one_its_decision_judged_until_a_new_view():
     dispatch that follows a decision (other requests' chunks may arrive in between, in the
     gateway) gets the queue the decision judged; the next decision's view has the new one."""
     clock = Clock(50.0)
-    prod = PredictedLatencyProducer(Pace(), None, streaming_mode=True, clock=clock)
-    eps = [Endpoint(name="a", metrics=EndpointMetrics(0.2, 0, 0))]
-    for rid in ("x", "y"):
-        req = InferenceRequest(request_id=rid, headers={"x-llm-d-slo-tpot-ms": "20"}, input_tokens=1_000)
-        prod.produce(req, eps)
-        prod.pre_request(req, eps[0])
+    prod = _two_dispatched(clock)
     view = prod.decoding_columns(clock())
     judged = view.queued(0)
     assert [(r.tokens, r.prefill) for r in judged] == [(0, 1_000), (0, 1_000)]
