@@ -50,7 +50,10 @@ def test_the_engine_step_model_travels_from_the_entries_to_the_epp(tmp_path):
                 r = p.get("/v1/engine")
                 if r.status_code == 200 and r.json()["engine"]["rows"] == n_ttft:
                     break
-                assert time.monotonic() < end, "no engine section of every row reached the prediction server"
+                assert time.monotonic() < end, (
+                    f"no engine section of every row ({n_ttft}) reached the prediction server: it answers "
+                    f"{r.status_code} {r.text[:200]}; the training server's section "
+                    f"{t.get('/v1/engine').text[:200]}; its data {t.get('/data/status').text[:400]}")
                 time.sleep(0.1)
             served = r.json()
             manifest = Manifest.from_json(t.get("/v1/bundles/latest").json())

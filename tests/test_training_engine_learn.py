@@ -58,3 +58,18 @@ def test_the_engine_section_waits_for_a_learned_bundle_then_follows_its_rows(svc
     report = svc.run_cycle()
     assert report.outcome == "skipped" and not svc.worker.engine.pending
     assert models_of(svc) == models and svc.registry.served.manifest.engine == engine
+
+
+def test_a_retrain_publishes_the_section_fitted_on_every_engine_row_stored(svc):
+    """The rows after a fit, too few for a refit of their own (under a quarter of those it read),
+    still reach the section in the cycle that retrains the latency models: the bundle that cycle
+    publishes carries the section fitted on every engine row stored."""
+    entries = with_engine_fields(load_entries())
+    svc.ingest(entries[:900]).result(30)
+    assert svc.run_cycle().outcome == "skipped"           # 900 < 1000 new samples: the engine alone is fitted
+    fitted = svc.worker.engine.rows_read
+    svc.ingest(entries[900:1000]).result(30)
+    new = svc.store.engine_rows_after(svc.worker.engine.fitted_to)
+    assert 0 < new < 0.25 * fitted                         # alone, too few for a refit
+    assert svc.run_cycle().outcome == "published"
+    assert svc.registry.served.manifest.engine["rows"] == fitted + new

@@ -5,7 +5,9 @@ Every worker cycle :meth:`EngineLearner.refit` fits the manifest's ``engine`` se
 (:func:`training_server.engine_fit.fit_engine`, over the newest ``max_rows`` stored rows with
 engine fields) once enough such rows arrived since the last fit: ``min_new``, and a quarter of
 the rows the last fit read (``growth``): often while it learns, every 5,000 rows at most once it
-reads ``max_rows``, so a busy server does not publish a bundle every cycle. A bundle the
+reads ``max_rows``, so a busy server does not publish a bundle every cycle; and in a cycle that
+retrains the latency models, on any row arrived since (that bundle goes out anyway: it carries
+the section fitted on every row stored, not one a burst's first rows left behind). A bundle the
 cycle publishes carries the newest section (:meth:`EngineLearner.extra`; the served bundle's
 when none was fitted since); when the cycle publishes none, the served models are republished
 with the new section (:meth:`EngineLearner.publish`), so the EPP's twin learns at the pace of
@@ -47,12 +49,12 @@ class EngineLearner:
         self.pending = False            # a section fitted since the served bundle
         self.fits = 0
 
-    def refit(self) -> bool:
-        """Fit when enough engine rows arrived since the last fit (see the module docstring);
-        True when a new section waits to be served. Never raises (a failed fit keeps the last
-        section)."""
+    def refit(self, retraining: bool = False) -> bool:
+        """Fit when enough engine rows arrived since the last fit, or any with ``retraining`` (the
+        cycle retrains the latency models; see the module docstring); True when a new section
+        waits to be served. Never raises (a failed fit keeps the last section)."""
         try:
-            need = max(self.min_new, int(self.growth * self.rows_read))
+            need = 1 if retraining else max(self.min_new, int(self.growth * self.rows_read))
             if self.store.engine_rows_after(self.fitted_to) < need:
                 return False
             rows = self.store.read_engine_rows(self.max_rows)

@@ -238,8 +238,8 @@ class RetrainWorker:
         recal = self._recalibrate_safely()
         if recal is not None:
             self.last = recal
-        self.engine.refit()
         need, why = self.threshold()
+        self.engine.refit(retraining=self.new_samples >= need)
         if self.new_samples < need:
             self.metrics.retrain_skips.inc()
             engine = self._publish_engine()
