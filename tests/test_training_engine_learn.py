@@ -73,3 +73,19 @@ def test_a_retrain_publishes_the_section_fitted_on_every_engine_row_stored(svc):
     assert 0 < new < 0.25 * fitted                         # alone, too few for a refit
     assert svc.run_cycle().outcome == "published"
     assert svc.registry.served.manifest.engine["rows"] == fitted + new
+
+
+def test_rows_left_over_from_a_fit_are_fitted_once_no_more_arrive(svc):
+    """Rows too few for a refit of their own are fitted once a cycle finds no more arrived since
+    the one before: the served section ends up on every engine row stored."""
+    entries = with_engine_fields(load_entries())
+    svc.ingest(entries[:2000]).result(30)
+    assert svc.run_cycle().outcome == "published"
+    svc.ingest(entries[2000:2200]).result(30)             # too few for a refit of their own
+    left = svc.store.engine_rows_after(svc.worker.engine.fitted_to)
+    assert svc.run_cycle().outcome == "skipped" and left > 0
+    report = svc.run_cycle()                                # none arrived since: the rows left over are fitted
+    assert report.outcome == "engine"
+    assert svc.store.engine_rows_after(svc.worker.engine.fitted_to) == 0
+    assert svc.registry.served.manifest.engine["rows"] == svc.worker.engine.rows_read
+    assert svc.run_cycle().outcome == "skipped"             # nothing left: no refit

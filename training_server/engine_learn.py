@@ -7,7 +7,10 @@ engine fields) once enough such rows arrived since the last fit: ``min_new``, an
 the rows the last fit read (``growth``): often while it learns, every 5,000 rows at most once it
 reads ``max_rows``, so a busy server does not publish a bundle every cycle; and in a cycle that
 retrains the latency models, on any row arrived since (that bundle goes out anyway: it carries
-the section fitted on every row stored, not one a burst's first rows left behind). A bundle the
+the section fitted on every row stored, not one a burst's first rows left behind); and once rows
+stop arriving, on those the last fit did not see (a cycle after one that found the same rows
+left over: rows committed while a fit read the store would otherwise wait for the next
+quarter). A bundle the
 cycle publishes carries the newest section (:meth:`EngineLearner.extra`; the served bundle's
 when none was fitted since); when the cycle publishes none, the served models are republished
 with the new section (:meth:`EngineLearner.publish`), so the EPP's twin learns at the pace of
@@ -48,6 +51,7 @@ class EngineLearner:
         self.section: dict[str, Any] | None = None
         self.pending = False            # a section fitted since the served bundle
         self.fits = 0
+        self._left_over = 0             # rows after the last fit at the previous call
 
     def refit(self, retraining: bool = False) -> bool:
         """Fit when enough engine rows arrived since the last fit, or any with ``retraining`` (the
@@ -55,8 +59,12 @@ class EngineLearner:
         waits to be served. Never raises (a failed fit keeps the last section)."""
         try:
             need = 1 if retraining else max(self.min_new, int(self.growth * self.rows_read))
-            if self.store.engine_rows_after(self.fitted_to) < need:
+            new = self.store.engine_rows_after(self.fitted_to)
+            settled = 0 < new == self._left_over     # rows the last fit did not see, and none since
+            self._left_over = new
+            if new < need and not settled:
                 return False
+            self._left_over = 0
             rows = self.store.read_engine_rows(self.max_rows)
             self.fitted_to = int(rows.ids[-1]) if len(rows.ids) else self.fitted_to
             self.rows_read = len(rows.ids)
