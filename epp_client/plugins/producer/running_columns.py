@@ -14,6 +14,7 @@ import numpy as np
 
 from epp_client.engine.columns import DecodingView
 from epp_client.engine.twin import Running
+from epp_client.plugins.producer.twin_view import waiting
 
 if TYPE_CHECKING:
     from epp_client.plugins.producer.request_state import RequestContext
@@ -166,17 +167,11 @@ class RunningColumns:
         :func:`.twin_view.running_on` gives them at ``now``: the first prefills since the later of
         its dispatch and the endpoint's last first token."""
         out = []
-        append, new, get = out.append, tuple.__new__, self._contexts.get
-        endpoint, slos = self._names[pos], self._slo
-        head = True
+        get, endpoint, slos, first = self._contexts.get, self._names[pos], self._slo, self._first_token_at
         for rid, slot in self._queued[pos].items():
             ctx = get(rid)
-            if ctx is None or ctx.dispatch is None:
-                continue
-            since = max(ctx.dispatch, self._first_token_at.get(endpoint, ctx.dispatch)) if head else now
-            queued = (now - since) * 1000.0
-            append(new(Running, (0.0, 0, slos[slot], ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0)))
-            head = False
+            if ctx is not None and ctx.dispatch is not None:
+                out.append(waiting(ctx, ctx.dispatch, slos[slot], endpoint, now, not out, first))
         return tuple(out)
 
 

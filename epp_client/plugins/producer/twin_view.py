@@ -29,9 +29,7 @@ def running_on(endpoint: str, now: float, running: RunningQueue, contexts: Mappi
         slo = slo if slo > 0.0 else 0.0
         ttft_ms = ctx.ttft_ms
         if not ttft_ms:   # dispatched, no first chunk yet
-            since = max(dispatch, first_token_at.get(endpoint, dispatch)) if head else now
-            queued = (now - since) * 1000.0
-            append(new(Running, (0.0, 0, slo, ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0)))
+            append(waiting(ctx, dispatch, slo, endpoint, now, head, first_token_at))
             head = False
             continue
         elapsed = (now - dispatch) * 1000.0 - ttft_ms
@@ -41,3 +39,13 @@ def running_on(endpoint: str, now: float, running: RunningQueue, contexts: Mappi
             tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
         append(new(Running, (elapsed if elapsed > 0.0 else 0.0, tokens, slo, ctx.input_tokens + tokens, 0, 0.0)))
     return tuple(out)
+
+
+def waiting(ctx: RequestContext, dispatch: float, slo: float, endpoint: str, now: float, head: bool,
+            first_token_at: Mapping[str, float]) -> Running:
+    """A request dispatched to ``endpoint`` at ``dispatch`` (TPOT SLO ``slo``) without its first chunk: the prompt
+    tokens it prefills there; the first one waiting (``head``) prefills since the later of its
+    dispatch and the endpoint's last first token."""
+    since = max(dispatch, first_token_at.get(endpoint, dispatch)) if head else now
+    queued = (now - since) * 1000.0
+    return tuple.__new__(Running, (0.0, 0, slo, ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0))
