@@ -10,7 +10,7 @@ import pytest
 
 from epp_client.heuristics import RandomScheduler
 from load.sim import bench
-from load.sim.driver import LifecycleRouter
+from load.sim.driver import LifecycleRouter, prompt_hashes
 from load.sim.engine import ClusterConfig, Simulation
 from load.sim.realism import Realism
 from load.sim.report import summarize
@@ -163,6 +163,34 @@ def test_the_router_sees_the_gateway_estimate_and_the_engine_runs_the_true_promp
     ratios = sorted(t / n for t, n in zip(told, true))
     assert 0.7 < ratios[len(ratios) // 2] < 1.3 and ratios[0] < 0.95 and ratios[-1] > 1.05
     assert res.prompt_tokens == sum(true)       # the engine prefilled the true prompts
+
+
+def test_a_shared_prefix_has_the_same_bytes_and_blocks_in_every_prompt_that_holds_it():
+    """The gateway hashes a prompt's bytes: a turn that extends the previous turn's prompt
+    matches all of its blocks, and what the router estimates it must prefill is the new text's
+    estimate, not the whole prompt's error (bytes per token is the text's, not the request's)."""
+    realism = Realism(seed=4)
+    block = 64
+    head = ((("s", 0), SEG), (("c", 1), SEG), (("c", 2), SEG))
+    turn1 = SimRequest(0, 0.0, 3 * SEG + 300, 5, head + ((("t", 1), 300),))
+    turn2 = SimRequest(1, 1.0, 4 * SEG + 120, 5, head + ((("c", 3), SEG), (("t", 2), 120)))
+    for r in (turn1, turn2):
+        r.seg_bytes = realism.segment_bytes(r.segments)
+        r.est_input_len = realism.estimated_tokens(r.input_len, r.seg_bytes)
+    assert turn1.seg_bytes[:3] == turn2.seg_bytes[:3]       # the same text, the same bytes
+    ratios = [b / (4 * n) for b, (_, n) in zip(turn2.seg_bytes, turn2.segments)]
+    assert len({round(x, 6) for x in ratios}) == len(ratios)   # each text its own bytes per token
+    h1, h2 = prompt_hashes(turn1, block), prompt_hashes(turn2, block)
+    shared = sum(turn1.seg_bytes[:3]) // (4 * block)         # the blocks inside the shared segments
+    assert shared > 0 and h1[:shared] == h2[:shared] and h1[shared:] != h2[shared:len(h1)]
+    assert len(h2) == sum(turn2.seg_bytes) // (4 * block)
+    # the router's uncached estimate for turn 2 where turn 1 ran: the new text's bytes / 4
+    new_bytes = sum(turn2.seg_bytes) - sum(turn2.seg_bytes[:3])
+    uncached = (len(h2) - shared) * block + turn2.est_input_len - len(h2) * block
+    assert abs(uncached - new_bytes / 4) <= block + 1
+    # exact counts (--ideal): the token blocks of old
+    turn2.seg_bytes = None
+    assert prompt_hashes(turn2, block)[:8] == [(("s", 0), j) for j in range(8)]
 
 
 def test_same_seed_same_noise_different_seed_different_noise():

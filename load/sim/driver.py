@@ -26,6 +26,7 @@ from epp_client import Endpoint, EndpointMetrics, InferenceRequest
 from epp_client.plugins.handler.opt_in import HANDLER_TYPE as OPT_IN_HANDLER
 from epp_client.plugins.handler.opt_in import OPT_IN_HEADER
 from epp_client.plugins.producer.approx_prefix import ApproxPrefixProducer
+from gateway.prompt import BYTES_PER_TOKEN
 
 from .engine import DEFERRED
 from .request import SimRequest
@@ -95,13 +96,37 @@ def doc_note(cls: type) -> str:
 
 
 def prompt_hashes(req: SimRequest, block: int) -> list:
-    """Block identities of the prompt: ``SEG // block`` per full segment; a partial segment
+    """Block identities of the prompt as the gateway hashes it: with the segments' bytes
+    (``req.seg_bytes``, realism), :func:`byte_block_hashes` over blocks of ``block`` tokens'
+    worth of bytes; with exact counts, ``SEG // block`` per full segment. A partial segment
     contributes its full blocks and ends the chain."""
+    if req.seg_bytes is not None:
+        return byte_block_hashes(req.segments, req.seg_bytes, block * BYTES_PER_TOKEN)
     out: list = []
     per = SEG // block
     for key, n in req.segments:
         full = n // block if n < SEG else per
         out.extend((key, j) for j in range(full))
+        if n < SEG:
+            break
+    return out
+
+
+def byte_block_hashes(segments: tuple, seg_bytes: tuple[int, ...], size: int) -> list:
+    """The identities of a prompt's full blocks of ``size`` bytes (``gateway.prompt.block_hashes``
+    cuts the prompt's UTF-8 bytes so): a block is named by the segment its last byte falls in and
+    that byte's offset there. Segment keys name their prefix chain, so two prompts sharing the
+    segments up to a block give it the same identity. The chain ends after a partial segment,
+    as in :func:`prompt_hashes`."""
+    out: list = []
+    start = 0          # bytes before the segment
+    end = size         # the end of the next block, in bytes from the prompt's start
+    for (key, n), nb in zip(segments, seg_bytes):
+        stop = start + nb
+        while end <= stop:
+            out.append((key, end - start))
+            end += size
+        start = stop
         if n < SEG:
             break
     return out

@@ -244,7 +244,8 @@ class Simulation:
     def _prepare(self, req: SimRequest) -> None:
         realism = self.realism
         assert realism is not None
-        req.est_input_len = realism.estimated_tokens(req.rid, req.input_len)
+        req.seg_bytes = realism.segment_bytes(req.segments)
+        req.est_input_len = realism.estimated_tokens(req.input_len, req.seg_bytes)
         if realism.deadline_s > 0:
             req.deadline = req.arrival + realism.deadline_s
             heapq.heappush(self._deadlines, (req.deadline, req.rid, req))

@@ -15,8 +15,9 @@ or on the worker process:
   and each step's duration is multiplied by a log-normal factor of mean 1 and log-sd
   ``step_sigma`` (:class:`StepNoise`, the one place noise enters a step);
 - prompt length: the router sees the gateway's estimate (``gateway.prompt``: UTF-8 bytes /
-  ``BYTES_PER_TOKEN``) of a prompt whose bytes per token is log-normal around that figure
-  (log-sd ``bytes_per_token_sigma``); the engine runs the true token count;
+  ``BYTES_PER_TOKEN``) of a prompt, and hashes its prefix blocks over the same bytes; bytes per
+  token is a property of the text (:meth:`Realism.segment_bytes`), so a prefix two prompts share
+  has the same bytes in both; the engine runs the true token count;
 - client deadlines: a request not finished ``deadline_s`` after its arrival is abandoned
   (the engine frees its slot and KV blocks); the run ends at the last arrival plus the
   deadline (no free drain).
@@ -54,7 +55,7 @@ class Realism:
         if self.deadline_s < 0:
             raise ValueError(f"deadline: must be >= 0 seconds (0: none), got {self.deadline_s:g}")
 
-    def rng(self, what: str, key: int) -> random.Random:
+    def rng(self, what: str, key: object) -> random.Random:
         """The generator of one kind of draw for one server or request (a str seed is hashed
         with SHA-512: the same in every process, whatever PYTHONHASHSEED)."""
         return random.Random(f"{what}:{self.seed}:{key}")
@@ -77,13 +78,29 @@ class Realism:
         return StepNoise(speed, self.step_sigma, self.rng("step", server))
 
     # -- what the router is told ----------------------------------------------------------------
-    def estimated_tokens(self, rid: int, input_len: int) -> int:
-        """The gateway's token estimate of a prompt of ``input_len`` true tokens (request ``rid``)."""
-        if self.bytes_per_token_sigma <= 0:
+    def segment_bytes(self, segments: tuple) -> tuple[int, ...] | None:
+        """The UTF-8 bytes of each ``(key, tokens)`` segment of a prompt (None: exact counts).
+
+        Bytes per token is log-normal around ``BYTES_PER_TOKEN`` and belongs to the text, not to
+        the request: it is drawn per segment key (the same text has the same bytes in every prompt
+        that holds it, so a shared prefix hashes to the same blocks at the gateway) times a factor
+        drawn per prompt family, the chain's first segment (a conversation's language or a
+        document's kind holds across its turns); each with log-sd ``bytes_per_token_sigma / sqrt 2``,
+        so a one-segment prompt's has ``bytes_per_token_sigma``."""
+        sigma = self.bytes_per_token_sigma / math.sqrt(2.0)
+        if sigma <= 0 or not segments:
+            return None
+        family = self.rng("bytes-per-token-family", segments[0][0]).gauss(0.0, sigma)
+        return tuple(max(1, round(n * BYTES_PER_TOKEN * math.exp(
+            family + self.rng("bytes-per-token", key).gauss(0.0, sigma)))) for key, n in segments)
+
+    @staticmethod
+    def estimated_tokens(input_len: int, seg_bytes: tuple[int, ...] | None) -> int:
+        """The gateway's token estimate of a prompt of ``input_len`` true tokens whose segments
+        have ``seg_bytes`` bytes (:meth:`segment_bytes`; None: the true count)."""
+        if seg_bytes is None:
             return input_len
-        bpt = BYTES_PER_TOKEN * math.exp(self.rng("bytes-per-token", rid).gauss(0.0, self.bytes_per_token_sigma))
-        nbytes = max(1, round(input_len * bpt))
-        return -(-nbytes // BYTES_PER_TOKEN)
+        return -(-max(1, sum(seg_bytes)) // BYTES_PER_TOKEN)
 
     def describe(self) -> str:
         lo, hi = self.scrape_delay_s

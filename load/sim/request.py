@@ -17,7 +17,7 @@ class SimRequest:
         "rid", "arrival", "input_len", "output_len", "segments", "full_pages", "ttft_slo_ms", "tpot_slo_ms",
         "priority", "lora", "session",
         # what the router is told (the gateway's estimate) and the client's deadline (realism)
-        "est_input_len", "deadline", "abandoned",
+        "est_input_len", "seg_bytes", "deadline", "abandoned",
         # server-side state
         "server", "target", "computed", "generated", "npages", "seg_pages", "held", "seg_ptr", "seg_base", "seg_done",
         "hit_tokens", "preemptions", "first_token_t", "finish_t", "admitted_t", "dispatch_t", "shed",
@@ -44,6 +44,7 @@ class SimRequest:
         self.lora = lora
         self.session = session
         self.est_input_len = input_len
+        self.seg_bytes: tuple[int, ...] | None = None   # the segments' UTF-8 bytes (realism; None: exact)
         self.deadline = math.inf
         self.abandoned = False
         self.server = -1
