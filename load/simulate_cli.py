@@ -334,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(report, "a") as f:
                 f.write("\n## Programs\n\nProgram completion = last turn's end - program arrival (completed "
                         "programs); TTFT by turn depth includes the queue wait; wait = arrival -> dispatch; "
-                        "Jain's index over per-program mean waits.\n")
+                        "Jain's index over per-program mean waits. SLO attainment is over every turn of "
+                        "every program: a failed program's turns that never arrived (turns not issued) are "
+                        "misses.\n")
                 for label, per in results.items():
                     f.write(f"\n### Load {label}\n\n{ptable(per)}\n")
         print(f"wrote {out / 'report.md'} and {out / 'results.json'}")

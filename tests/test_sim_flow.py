@@ -7,16 +7,15 @@ import json
 import pytest
 
 from load import simulate_cli
-from load.sim import bench
-from load.sim import epp_routers
+from load.sim import bench, epp_routers
 from load.sim.agentic import AgenticDriver, programs, scaled, summarize_programs
 from load.sim.driver import BaseRouter
 from load.sim.engine import ClusterConfig, Simulation
 from load.sim.flowsim import FlowSimRouter, make, split
 from load.sim.routers import LeastQueueRouter
 from load.sim.scenarios import get_scenario
-from load.sim.workloads import SEG, SloClass
 from load.sim.stepmodel import get_preset
+from load.sim.workloads import SEG, SloClass
 
 SPEC = get_preset("llama3-8b-a100", kv_capacity_tokens=60_000)
 
@@ -207,3 +206,19 @@ def test_jains_index_is_over_every_programs_mean_wait_including_programs_that_ne
     m = summarize_programs(driver)
     assert m["jain_index"] == pytest.approx((2 + 4 + 0) ** 2 / (3 * (2 ** 2 + 4 ** 2 + 0)))   # 0.6: per-program means
     assert m["queue_wait_mean_s"] == pytest.approx(8 / 6)                                   # per request
+
+
+def test_a_failed_programs_turns_that_never_arrived_are_misses():
+    """Agentic attainment is over every turn of every program: ending programs early (a shed or
+    abandoned turn) takes their later turns out of the load, and must not raise attainment."""
+    progs = scaled(programs(40, seed=2), 2.0)
+    res, driver, _ = run("x+fcfs", progs, ttl=0.2)
+    failed = [p for p in driver.progs.values() if p.failed]
+    assert failed
+    m = summarize_programs(driver)
+    planned = sum(len(p.turns) for p in driver.progs.values())
+    never = sum(len(p.turns) for p in failed) - sum(1 for r in res.requests if r.session in {p.pid for p in failed})
+    assert never > 0 and m["turns_not_issued"] == never == planned - len(res.requests)
+    met = sum(1 for r in res.requests if r.meets_slo())
+    assert m["slo_attainment"] == pytest.approx(met / planned)
+    assert m["slo_attainment"] < met / len(res.requests)          # over the arrivals alone it would read higher

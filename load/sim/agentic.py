@@ -4,7 +4,10 @@ A program arrives (Poisson), then runs turns one after another: each turn's prom
 the whole previous context (previous prompt + answer) plus a tool result, so the
 context grows every turn and the previous turn's context is the shared prefix (prefix
 caching matters); the next turn arrives a think/tool time after the previous one
-finished. A turn that is rejected or shed ends its program (counted as failed).
+finished. A turn that is rejected or shed ends its program (counted as failed), and the
+program's turns it never issued are misses: SLO attainment is over every turn of every program
+(:func:`summarize_programs`), so a router does not raise it by failing programs early, which
+takes their later turns out of the load.
 
 Load: 1.0 = programs arrive as fast as the pool could serve them with a perfect prefix
 cache (``workloads.capacity_rps(..., prefix_reuse=True)`` over all turns, divided by
@@ -138,8 +141,12 @@ class AgenticDriver:
 def summarize_programs(driver: AgenticDriver) -> dict:
     """Program completion time (last turn's end minus the program's arrival; completed programs only),
     TTFT by turn depth, flow-control queue waits (arrival to dispatch, or to rejection for a
-    request turned away while queued) and Jain's index over the per-program mean waits."""
+    request turned away while queued), Jain's index over the per-program mean waits, and SLO
+    attainment over every turn of every program (``turns_not_issued``: the turns of failed or
+    unfinished programs that never arrived, each a miss)."""
     progs = list(driver.progs.values())
+    planned = sum(len(p.turns) for p in progs)
+    met = sum(1 for r in driver.requests if r.meets_slo())
     done = [p for p in progs if not p.failed and p.end >= 0]
     ct = np.array([p.end - p.arrival for p in done])
     waits = np.array([w for p in progs for w in p.waits])
@@ -153,7 +160,9 @@ def summarize_programs(driver: AgenticDriver) -> dict:
          "queue_wait_p99_s": float(np.percentile(waits, 99)) if waits.size else float("nan"),
          "queue_wait_max_s": float(waits.max()) if waits.size else float("nan"),
          "program_mean_wait_max_s": max(means) if means else float("nan"),
-         "jain_index": jain}
+         "jain_index": jain,
+         "slo_attainment": met / planned if planned else float("nan"),
+         "turns_not_issued": planned - len(driver.requests)}
     by_depth: dict[str, list] = {}
     for r in driver.requests:
         if r.done and not r.shed:
@@ -167,6 +176,7 @@ def summarize_programs(driver: AgenticDriver) -> dict:
 
 
 AGENTIC_COLUMNS = (("programs done", "programs_completed", "n"), ("failed", "programs_failed", "n"),
+                   ("turns not issued", "turns_not_issued", "n"),
                    ("completion mean", "program_completion_mean_s", "s"),
                    ("completion p90", "program_completion_p90_s", "s"),
                    *((f"TTFT turn {lab}", f"ttft_turn_{lab}_mean_ms", "ms") for lab in DEPTH_LABELS),
