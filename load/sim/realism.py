@@ -109,8 +109,9 @@ class Realism:
         return (f"realism on: metrics scraped every {self.scrape_interval_s * 1000:g} ms per server at its own "
                 f"phase, delivered {lo * 1000:g}-{hi * 1000:g} ms late; step times x log-normal noise (sigma "
                 f"{self.step_sigma:g}) x a per-server speed factor within ±{100 * self.speed_jitter:g}%; the router "
-                f"sees the gateway's byte-based prompt estimate (bytes per token log-normal, sigma "
-                f"{self.bytes_per_token_sigma:g}); {deadline}")
+                f"sees the gateway's byte-based prompt estimate and hashes its prefix blocks over those bytes (bytes "
+                f"per token log-normal, sigma {self.bytes_per_token_sigma:g}, per text: a shared prefix has the "
+                f"same bytes in every prompt); {deadline}")
 
 
 class StepNoise:
