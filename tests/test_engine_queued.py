@@ -7,7 +7,7 @@ import random
 
 from epp_client.engine.features import queued_features, step_features
 from epp_client.engine.model import Outcome
-from epp_client.engine.queued import queued_runs
+from epp_client.engine.queued import AheadCache, queued_runs
 from epp_client.engine.stretch import DecodeCache
 from epp_client.engine.twin import Running
 from test_twin_exact import MODELS, ref_placement
@@ -25,6 +25,19 @@ def _queued(rng: random.Random) -> tuple[Running, ...]:
     return tuple(out)
 
 
+def _outcome(got: tuple[float, float, float, int, float, int, int] | None, decoding: tuple[Running, ...]
+             ) -> Outcome | None:
+    """:func:`queued_runs`' runs as the placement's outcome: the SLO count of the decodes added
+    (None: no first token within max_steps)."""
+    if got is None:
+        return None
+    tf, tpot, t, steps, t0, steps0, harm = got
+    for d, tokens, slo, _, _, _ in decoding:
+        if slo > 0:
+            harm += ((d + t) / (tokens - 1 + steps) > slo) - ((d + t0) / (tokens - 1 + steps0) > slo)
+    return Outcome(harm if harm > 0 else 0, tf, tpot)
+
+
 def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_last_bit():
     rng = random.Random(77)
     cache = DecodeCache()
@@ -39,20 +52,44 @@ def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_
         cached = rng.choice((0, prompt // 2, prompt))
         want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, probe, max_steps)
         uncached = max(1, prompt - cached)
-        got = queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued, prompt,
-                          uncached, probe, max_steps, cache if rng.random() < 0.7 else None)
+        got = _outcome(queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued,
+                                   prompt, uncached, probe, max_steps, cache if rng.random() < 0.7 else None), decoding)
         if got is None:
             none += 1
             assert want.ttft_ms == float("inf")
             continue
-        tf, tpot, t, steps, t0, steps0, harm = got
-        for d, tokens, slo, _, _, _ in decoding:
-            if slo > 0:
-                harm += ((d + t) / (tokens - 1 + steps) > slo) - ((d + t0) / (tokens - 1 + steps0) > slo)
-        assert Outcome(harm if harm > 0 else 0, tf, tpot) == want
+        assert got == want
         fast += 1
         harmed += want.harm > 0
     assert fast > 2_000 and none > 30 and harmed > 200
+
+
+def test_the_queue_ahead_read_from_its_cache_gives_the_plain_replays_outcome_to_the_last_bit():
+    """Queue states judged for several requests each (the queue ahead of them read from an
+    AheadCache, small enough to drop starts on the way): every outcome is the plain replay's, and
+    most requests found the queue ahead stepped already."""
+    rng = random.Random(79)
+    cache, ahead = DecodeCache(), AheadCache(size=rng.choice((4, 64)))
+    judged = 0
+    for _ in range(400):
+        model = rng.choice(MODELS)
+        budget, probe, max_steps = rng.choice((512, 2_048)), rng.randint(0, 8), rng.choice((4_000, 4_000, 30))
+        decoding = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), rng.choice((0.0, 20.0, 50.0)),
+                                 rng.randint(10, 6_000)) for _ in range(rng.choice((0, 1, 8, rng.randint(0, 60)))))
+        queued = _queued(rng)
+        for _ in range(rng.randint(1, 6)):
+            prompt = rng.randint(1, 12_000)
+            cached = rng.choice((0, prompt // 2, prompt))
+            want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, probe, max_steps)
+            got = _outcome(queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)),
+                                       queued, prompt, max(1, prompt - cached), probe, max_steps, cache, ahead),
+                           decoding)
+            if got is None:
+                assert want.ttft_ms == float("inf")
+                continue
+            assert got == want
+            judged += 1
+    assert judged > 800 and 100 < ahead.stepped < judged // 2
 
 
 def test_the_engine_features_from_the_queue_and_the_decodes_summed_are_the_per_request_views():

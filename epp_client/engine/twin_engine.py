@@ -5,7 +5,7 @@ decision at once over the producer's columns (:mod:`epp_client.engine.columns`).
 from __future__ import annotations
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.queued import queued_runs
+from epp_client.engine.queued import AheadCache, queued_runs
 from epp_client.engine.stretch import DecodeCache
 from epp_client.engine.twin import StepModel, decoding_runs, placement
 from epp_client.types import Endpoint, InferenceRequest
@@ -18,6 +18,7 @@ class TwinEngine:
     def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
         self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
         self.decode_cache = DecodeCache()
+        self.ahead_cache = AheadCache()
 
     def model_for(self, endpoint: Endpoint) -> StepModel:
         """The step model of ``endpoint`` (the same for all; one each: ``engine.learned.LearnedTwin``)."""
@@ -71,7 +72,7 @@ class TwinEngine:
                     elif paced is not None and queued is not None and not paced[i]:
                         taken[i] = True
                         q = queued_runs(model_for(e), budget, decodes[i], context[i], queued(i), prompt,
-                                        u if u > 1 else 1, probe, max_steps, cache)
+                                        u if u > 1 else 1, probe, max_steps, cache, self.ahead_cache)
                         if q is not None:
                             where.append(j)
                             judged.append((i, q[:6]))
