@@ -67,8 +67,8 @@ class DecodeCache:
 
     def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
         """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms`` and at least
-        as far past ``t`` as recent stretches were asked for)."""
+        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms``, and from
+        ``t`` = 0 at least as far as recent stretches from 0 were asked for)."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
@@ -78,14 +78,18 @@ class DecodeCache:
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not times or times[-1] < until_ms):
-            # a quarter further, and at least as far as recent requests' runs went: a long prompt's
-            # run then finds the other endpoints' stretches stepped far enough
+            # a quarter further, and a stretch from now (t = 0: an endpoint where all decode, the
+            # same for every decision while its requests do not change) at least as far as recent
+            # requests' runs went: a long prompt's run then finds the other endpoints' stretches
+            # stepped far enough. One from later (behind a queue, which moves) only as asked.
             span = (until_ms - t) * 1.25
-            self._reach *= 0.99
-            if self._reach < span < math.inf:
-                self._reach = span
-            if t + self._reach > until_ms:   # never short of until_ms (an infinite one stays as asked)
-                until_ms = t + self._reach
+            if t == 0.0:
+                self._reach *= 0.99
+                if self._reach < span < math.inf:
+                    self._reach = span
+                span = self._reach
+            if t + span > until_ms:   # never short of until_ms (an infinite one stays as asked)
+                until_ms = t + span
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0
