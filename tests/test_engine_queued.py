@@ -9,7 +9,7 @@ from epp_client.engine.features import queued_features, step_features
 from epp_client.engine.model import Outcome
 from epp_client.engine.queued import AheadCache, queued_runs
 from epp_client.engine.stretch import DecodeCache
-from epp_client.engine.twin import Running
+from epp_client.engine.twin import Running, StepModel
 from test_twin_exact import MODELS, ref_placement
 
 
@@ -110,3 +110,37 @@ def test_the_engine_features_from_the_queue_and_the_decodes_summed_are_the_per_r
         found += want is not None
         none += want is None
     assert found > 1_000 and none > 30
+
+
+def test_each_step_sum_is_the_plain_replays_ttft_under_a_step_model_of_that_one_coefficient():
+    """The five step sums (steps, tokens, context, steps with decodes, prefill pairs), over the
+    running requests themselves (step_features) and over the columns and the queue
+    (queued_features), are the plain replay's TTFT under a step model of 1 ms per unit of that one
+    term over a large fixed part (which keeps the 0.1 ms floor away), less the fixed part per step:
+    whole and half-whole numbers, exact in a float whatever the order they are summed in."""
+    rng = random.Random(80)
+    fixed = 2.0 ** 20
+    units = [StepModel(fixed, 0.0, 0.0, 0.0, 0.0), StepModel(fixed, 1.0, 0.0, 0.0, 0.0),
+             StepModel(fixed, 0.0, 1.0, 0.0, 0.0), StepModel(fixed, 0.0, 0.0, 1.0, 0.0),
+             StepModel(fixed, 0.0, 0.0, 0.0, 1.0)]
+    found = none = 0
+    for _ in range(400):
+        budget, max_steps = rng.choice((512, 2_048)), rng.choice((4_000, 4_000, 30, 9))
+        decoding = tuple(Running(rng.uniform(0, 5_000), rng.randint(1, 500), 50.0, rng.randint(10, 6_000))
+                         for _ in range(rng.choice((0, 1, 8, rng.randint(0, 60)))))
+        queued = _queued(rng)
+        prompt = rng.randint(1, 12_000)
+        cached = rng.choice((0, prompt // 2, prompt))
+        for k, model in enumerate(units):
+            want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, 1, max_steps).ttft_ms
+            got = step_features(model, budget, (*decoding, *queued), prompt, cached, max_steps)
+            also = queued_features(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued,
+                                   prompt, cached, max_steps)
+            assert also == got
+            if got is None:
+                assert want == float("inf")
+                none += 1
+                continue
+            assert got[0] * fixed + (got[k] if k else 0.0) == want
+            found += 1
+    assert found > 1_000 and none > 50
