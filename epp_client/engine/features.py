@@ -121,30 +121,36 @@ def _sums(budget: int, left: list[int], done: list[int], queue: list[int], decod
     steps = tokens_sum = context_sum = decode_steps = pairs_sum = 0.0
     for _ in range(max_steps):
         room = budget - decodes
-        tokens, pairs, ready = decodes, 0.0, []
+        tokens, pairs, ready = decodes, 0.0, None
         j = head
         while j < n_queue and room > 0:
             i = queue[j]
-            n = max(1, min(left[i], room))
+            n = left[i]
+            n = (n if n < room else room) if n > 1 else 1     # max(1, min(left, room))
             pairs += n * (done[i] + n / 2.0)
             left[i] -= n
             done[i] += n
             room -= n
             tokens += n
             if left[i] <= 0:
-                ready.append(i)
+                if ready is None:
+                    ready = [i]
+                else:
+                    ready.append(i)
             j += 1
         steps += 1
         tokens_sum += tokens
         context_sum += context
-        decode_steps += 1 if decodes else 0
+        if decodes:
+            decode_steps += 1
         pairs_sum += pairs
-        if new_i in ready:
-            return steps, tokens_sum, context_sum, decode_steps, pairs_sum
         context += decodes
-        for i in ready:
-            decodes += 1
-            context += done[i] + 1
-        while head < n_queue and left[queue[head]] <= 0:
-            head += 1
+        if ready is not None:
+            if new_i in ready:
+                return steps, tokens_sum, context_sum, decode_steps, pairs_sum
+            for i in ready:
+                decodes += 1
+                context += done[i] + 1
+            while head < n_queue and left[queue[head]] <= 0:
+                head += 1
     return None

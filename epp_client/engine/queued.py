@@ -11,6 +11,8 @@ tests/test_twin_exact.py, tests/test_producer_running_columns.py).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_chunks
 from epp_client.engine.twin import Running, StepModel, _first_flip, _run, _State, _under_way
 
@@ -35,14 +37,15 @@ def queue_state(model: StepModel, budget: int, decodes: int, context: float, que
 
 
 def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
-                prompt_tokens: int, uncached: int, probe: int, max_steps: int, decode_cache: DecodeCache | None
-                ) -> tuple[float, float, float, int, float, int, int] | None:
+                prompt_tokens: int, uncached: int, probe: int, max_steps: int, decode_cache: DecodeCache | None,
+                ahead_cache: AheadCache | None = None) -> tuple[float, float, float, int, float, int, int] | None:
     """The two runs of :func:`~epp_client.engine.twin.placement` where ``decodes`` requests with
     ``context`` tokens decode and ``queued`` (dispatch order, none with a first token) wait for or
     are in their prefill: (the request's first token time, its TPOT, the time and steps the run
     with it ends at, the time and steps the run without it ends at, how many of ``queued`` are
     over their TPOT SLO at the end of the run with it less those at the end of the run without
-    it). None where the request gets no first token within ``max_steps``."""
+    it). None where the request gets no first token within ``max_steps``. With ``ahead_cache``,
+    the queue ahead of the request is read from it where stepped already (the same outcome)."""
     left, done, queue = queue_state(model, budget, decodes, context, queued, prompt_tokens, uncached)
     room = budget - decodes - len(queued)     # the least room of any step until its first token
     if queued and room > 0:
@@ -50,7 +53,8 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
         for n in left:
             bound += -(-n // room) if n > 1 else 1
         if bound <= max_steps:
-            return _both_runs(model, budget, decodes, context, queued, left, done, probe, max_steps, decode_cache)
+            return _both_runs(model, budget, decodes, context, queued, left, done, probe, max_steps, decode_cache,
+                              ahead_cache)
     st = _State(left, done, queue, decodes, context)
     i = len(queued)
     fork = _run(model, budget, st, i, probe, max_steps=max_steps)
@@ -70,18 +74,45 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
     return tf, tpot, t, steps, t0, steps0, flips
 
 
-def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
-               left: list[int], done: list[int], probe: int, max_steps: int, decode_cache: DecodeCache | None
-               ) -> tuple[float, float, float, int, float, int, int]:
-    """:func:`queued_runs` where the run with the request ends within ``max_steps`` and every step
-    has room for a prefill: the steps of :func:`~epp_client.engine.twin._run` in the same order
-    with the same arithmetic, the queue ahead stepped once for both runs. The runs part in the
-    step in which the request gets its first chunk (the step of those ahead of it, with and
-    without it); from there, the request alone (:func:`alone`) and a decode-only stretch."""
+class AheadCache:
+    """The queue ahead of the request stepped to where the runs part (:func:`_ahead`), per start
+    (step model, budget, decodes, their context, the queue's tokens left and done): while an
+    endpoint's queue does not move, every decision's request parts from it at the same step.
+    Bounded: past ``size`` starts, the oldest is dropped for each new one."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._ahead: OrderedDict[tuple, tuple[StepModel, tuple]] = OrderedDict()
+        self.stepped = 0    # starts stepped (not found in the cache)
+
+    def ahead(self, model: StepModel, budget: int, decodes: int, context: float, left: list[int], done: list[int]
+              ) -> tuple:
+        """:func:`_ahead` of this start, read from the cache where stepped already (``left`` and
+        ``done``: the queue's, the request's last, left as they are on a hit)."""
+        nq = len(left) - 1
+        key = (id(model), budget, decodes, context, tuple(left[:nq]), tuple(done[:nq]))
+        entry = self._ahead.get(key)
+        if entry is not None and entry[0] is model:
+            return entry[1]
+        if len(self._ahead) >= self.size:     # the oldest goes (a queue gone by), one at a time
+            self._ahead.popitem(last=False)
+        got = _ahead(model, budget, decodes, context, nq, left, done)
+        self._ahead[key] = (model, got)
+        self.stepped += 1
+        return got
+
+
+def _ahead(model: StepModel, budget: int, decodes: int, context: float, nq: int, left: list[int], done: list[int]
+           ) -> tuple[float, int, int, int, float, int, int, float, dict[int, tuple[float, int]], float, int, float]:
+    """The steps of :func:`_both_runs` that do not depend on the request (last in the queue, at
+    ``nq``): the queue ahead of it until the step in which it gets its first chunk. Returns the
+    time, steps, head of the queue, tokens, prefill pairs and room of that step before the
+    request's chunk, the decodes and their context then, the first tokens so far, the time that
+    step ends without the request, and the decodes and their context after it (``left`` and
+    ``done`` are stepped in place; the request's are untouched)."""
     fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
         model.decode_ms
     per_pair, speed = model.per_prefill_pair_ms, model.speed
-    nq = len(queued)    # the request is the last, at nq
     t, steps, head = 0.0, 0, 0
     firsts: dict[int, tuple[float, int]] = {}    # first tokens before the runs part: the same in both
     while True:
@@ -118,24 +149,43 @@ def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queu
                 context += done[i] + 1
         while head < nq and left[head] <= 0:
             head += 1
-    part, steps0, left_new, done_new = head, steps, left[nq], done[nq]
-    t0 = t      # the run without it: where it parts, then to the end of the run with it
-    if part < nq:   # those ahead of it take their last chunks in this step, with it and without it
+    t0, after_decodes, after_context = t, decodes, context
+    if head < nq:   # those ahead of it take their last chunks in this step, with it and without it
         ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
         t0 = t + (0.1 if 0.1 > ms else ms) / speed
+        after_context += decodes
+        for i in range(head, nq):
+            after_decodes += 1
+            after_context += done[i] + 1
+    return t, steps, head, tokens, pairs, room, decodes, context, firsts, t0, after_decodes, after_context
+
+
+def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
+               left: list[int], done: list[int], probe: int, max_steps: int, decode_cache: DecodeCache | None,
+               ahead_cache: AheadCache | None = None) -> tuple[float, float, float, int, float, int, int]:
+    """:func:`queued_runs` where the run with the request ends within ``max_steps`` and every step
+    has room for a prefill: the steps of :func:`~epp_client.engine.twin._run` in the same order
+    with the same arithmetic, the queue ahead stepped once for both runs (:func:`_ahead`, read from
+    ``ahead_cache`` where given). The runs part in the step in which the request gets its first
+    chunk (the step of those ahead of it, with and without it); from there, the request alone
+    (:func:`alone`) and a decode-only stretch."""
+    nq = len(queued)    # the request is the last, at nq
+    t, steps, part, tokens, pairs, room, decodes, context, firsts, t0, after_decodes, after_context = \
+        ahead_cache.ahead(model, budget, decodes, context, left, done) if ahead_cache is not None else \
+        _ahead(model, budget, decodes, context, nq, left, done)
+    steps0, left_new, done_new = steps, left[nq], done[nq]
+    if part < nq:   # the request's first chunk beside the last chunks of those ahead of it
         n = left_new if left_new < room else room
         pairs += n * (done_new + n / 2.0)
         tokens += n
         left_new -= n
         done_new += n
-        ms = fixed + per_token * tokens + per_context * context + (decode_ms if decodes else 0.0) + per_pair * pairs
-        t += (0.1 if 0.1 > ms else ms) / speed
+        ms = (model.fixed_ms + model.per_token_ms * tokens + model.per_context_token_ms * context
+              + (model.decode_ms if decodes else 0.0) + model.per_prefill_pair_ms * pairs)
+        t += (0.1 if 0.1 > ms else ms) / model.speed
         steps += 1
         steps0 = steps
-        context += decodes
-        for i in range(part, nq):
-            decodes += 1
-            context += done[i] + 1
+        decodes, context = after_decodes, after_context
     first, first0 = (t, steps), (t0, steps)     # of those ahead of it that take their last chunk there
     tf, sf, t, steps = alone(model, budget - decodes, decodes, context, t, steps, left_new, done_new, probe,
                              max_steps)

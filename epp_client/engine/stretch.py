@@ -67,8 +67,8 @@ class DecodeCache:
 
     def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
         """The times after each step of the stretch, at least up to the first at or after
-        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms`` and at least
-        as far past ``t`` as recent stretches were asked for)."""
+        ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms``, and from
+        ``t`` = 0 at least as far as recent stretches from 0 were asked for)."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
@@ -78,14 +78,18 @@ class DecodeCache:
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not times or times[-1] < until_ms):
-            # a quarter further, and at least as far as recent requests' runs went: a long prompt's
-            # run then finds the other endpoints' stretches stepped far enough
+            # a quarter further, and a stretch from now (t = 0: an endpoint where all decode, the
+            # same for every decision while its requests do not change) at least as far as recent
+            # requests' runs went: a long prompt's run then finds the other endpoints' stretches
+            # stepped far enough. One from later (behind a queue, which moves) only as asked.
             span = (until_ms - t) * 1.25
-            self._reach *= 0.99
-            if self._reach < span < math.inf:
-                self._reach = span
-            if t + self._reach > until_ms:   # never short of until_ms (an infinite one stays as asked)
-                until_ms = t + self._reach
+            if t == 0.0:
+                self._reach *= 0.99
+                if self._reach < span < math.inf:
+                    self._reach = span
+                span = self._reach
+            if t + span > until_ms:   # never short of until_ms (an infinite one stays as asked)
+                until_ms = t + span
             base = model.fixed_ms + model.per_token_ms * decodes
             per_context, decode_ms, speed = model.per_context_token_ms, model.decode_ms, model.speed
             zero = model.per_prefill_pair_ms * 0.0
@@ -196,32 +200,50 @@ def alone(model: StepModel, room: int, decodes: int, context: float, t: float, s
     the step that ended at ``t``, ``steps``) with ``done`` prefilled, then ``probe`` decode steps, as
     :func:`epp_client.engine.twin._run` steps them, to the last bit. Returns (its first token's time
     and step, the time and steps reached); the caller keeps within ``max_steps`` but for the probe."""
-    fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, model.per_context_token_ms, \
-        model.decode_ms
-    per_pair, speed = model.per_prefill_pair_ms, model.speed
-    m = (left - 1) // room    # its full chunks but the last
-    if m >= _VECTOR_CHUNKS:
-        t, k = full_chunks(model, decodes, context, t, room, done, m, None)
-        steps += k
-        left -= m * room
-        done += m * room
-        context += m * decodes
-    while left > 0:     # the general step with this prompt alone in it
-        n = left if left < room else room
-        pairs = 0.0 + n * (done + n / 2.0)
-        left -= n
-        done += n
-        ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
-        t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
-        steps += 1
-        context += decodes
-    tf, sf = t, steps
-    context += done + 1
-    # the probe's decode steps (:func:`_decode_steps`, inlined: the same arithmetic in the same order)
-    base, zero = fixed + per_token * (decodes + 1), per_pair * 0.0
-    for _ in range(min(probe, max_steps - steps)):
-        ms = base + per_context * context + decode_ms + zero
-        t += (ms if ms > 0.1 else 0.1) / speed
-        context += decodes + 1
-        steps += 1
-    return tf, sf, t, steps
+    return alone_each([(model, room, decodes, context, t, steps, left, done, probe, max_steps)])[0]
+
+
+def alone_each(starts: list[tuple[StepModel, int, int, float, float, int, int, int, int, int]]
+               ) -> list[tuple[float, int, float, int]]:
+    """:func:`alone` of each of ``starts`` (its arguments, in order), in one loop: the placements of
+    a decision (:meth:`epp_client.engine.twin_engine.TwinEngine.placements`) step one prompt beside
+    each candidate's decodes."""
+    out = []
+    append = out.append
+    last = None
+    for model, room, decodes, context, t, steps, left, done, probe, max_steps in starts:
+        if model is not last:
+            last = model
+            fixed, per_token, per_context, decode_ms = model.fixed_ms, model.per_token_ms, \
+                model.per_context_token_ms, model.decode_ms
+            per_pair, speed = model.per_prefill_pair_ms, model.speed
+            zero = per_pair * 0.0
+        m = (left - 1) // room    # its full chunks but the last
+        if m >= _VECTOR_CHUNKS:
+            t, k = full_chunks(model, decodes, context, t, room, done, m, None)
+            steps += k
+            left -= m * room
+            done += m * room
+            context += m * decodes
+        if left > 0:    # its chunks: steps counted at once (one each, the last may be short)
+            steps += -(-left // room)
+        while left > 0:     # the general step with this prompt alone in it
+            n = left if left < room else room
+            pairs = n * (done + n / 2.0)    # the replay's 0.0 + pairs: the same (pairs > 0)
+            left -= n
+            done += n
+            ms = fixed + per_token * (decodes + n) + per_context * context + decode_ms + per_pair * pairs
+            t += (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
+            context += decodes
+        tf = t
+        context += done + 1
+        # the probe's decode steps (:func:`_decode_steps`, inlined: the same arithmetic in the same order)
+        base, grow = fixed + per_token * (decodes + 1), decodes + 1
+        n = max_steps - steps
+        n = probe if probe < n else n
+        for _ in range(n):
+            ms = base + per_context * context + decode_ms + zero
+            t += (ms if ms > 0.1 else 0.1) / speed
+            context += grow
+        append((tf, steps, t, steps + n if n > 0 else steps))
+    return out

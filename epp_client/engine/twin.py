@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_chunks
+from epp_client.engine.stretch import DecodeCache, _decode_steps, alone_each, full_chunks
 
 
 class Running(NamedTuple):
@@ -334,14 +334,33 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
     at, the time and steps the run without it ends at), or None where the run would reach
     ``max_steps`` or there is no room for a prefill. The request is alone in the queue, so the
     run without it parts at the start (time 0) and is one decode-only stretch."""
-    room = budget - decodes
-    left, done = uncached, (prompt_tokens if prompt_tokens > uncached else uncached) - uncached
-    if room <= 0 or -(-left // room) + probe > max_steps:    # its prefill steps, then the probe's
-        return None
-    tf, sf, t, steps = alone(model, room, decodes, context, 0.0, 0, left, done, probe, max_steps)
-    tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
-    if decode_cache is not None:    # the run without it (_decode_steps with a cache: DecodeCache.end)
-        t0, steps0 = decode_cache.end(model, decodes, context, 0.0, max_steps, t)
-    else:
-        t0, steps0 = _decode_steps(model, decodes, context, 0.0, max_steps, t, None)
-    return tf, tpot, t, steps, t0, steps0
+    return decoding_runs(budget, prompt_tokens, probe, max_steps, decode_cache, [(model, decodes, context, uncached)])[0]
+
+
+def decoding_runs(budget: int, prompt_tokens: int, probe: int, max_steps: int, decode_cache: DecodeCache | None,
+                  todo: list[tuple[StepModel, int, float, int]]
+                  ) -> list[tuple[float, float, float, int, float, int] | None]:
+    """:func:`_decoding_runs` of the request on each endpoint of ``todo`` (its step model, decodes,
+    their context, the request's tokens to prefill there), the request's run on all of them in one
+    loop (:func:`alone_each`)."""
+    starts, fits = [], []
+    for model, decodes, context, uncached in todo:
+        room = budget - decodes
+        fit = room > 0 and -(-uncached // room) + probe <= max_steps    # its prefill steps, then the probe's
+        fits.append(fit)
+        if fit:
+            starts.append((model, room, decodes, context, 0.0, 0, uncached,
+                           (prompt_tokens if prompt_tokens > uncached else uncached) - uncached, probe, max_steps))
+    ran = iter(alone_each(starts))
+    out: list[tuple[float, float, float, int, float, int] | None] = []
+    for (model, decodes, context, _), fit in zip(todo, fits):
+        if not fit:
+            out.append(None)
+            continue
+        tf, sf, t, steps = next(ran)
+        if decode_cache is not None:    # the run without it (_decode_steps with a cache: DecodeCache.end)
+            t0, steps0 = decode_cache.end(model, decodes, context, 0.0, max_steps, t)
+        else:
+            t0, steps0 = _decode_steps(model, decodes, context, 0.0, max_steps, t, None)
+        out.append((tf, (t - tf) / (steps - sf) if steps > sf else 0.0, t, steps, t0, steps0))
+    return out

@@ -5,9 +5,9 @@ decision at once over the producer's columns (:mod:`epp_client.engine.columns`).
 from __future__ import annotations
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.queued import queued_runs
+from epp_client.engine.queued import AheadCache, queued_runs
 from epp_client.engine.stretch import DecodeCache
-from epp_client.engine.twin import StepModel, _decoding_runs, placement
+from epp_client.engine.twin import StepModel, decoding_runs, placement
 from epp_client.types import Endpoint, InferenceRequest
 
 
@@ -18,6 +18,7 @@ class TwinEngine:
     def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
         self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
         self.decode_cache = DecodeCache()
+        self.ahead_cache = AheadCache()
 
     def model_for(self, endpoint: Endpoint) -> StepModel:
         """The step model of ``endpoint`` (the same for all; one each: ``engine.learned.LearnedTwin``)."""
@@ -34,55 +35,59 @@ class TwinEngine:
                    cached: list[int]) -> list[Outcome]:
         """:meth:`placement` on each of ``endpoints`` (``cached[i]`` of the prompt cached on the
         i-th), the same outcomes: where every request running on an endpoint decodes (with its
-        tokens counted), its run is :func:`_decoding_runs` over the producer's columns
+        tokens counted), its run is :func:`~epp_client.engine.twin.decoding_runs` over the producer's columns
         (``LatencyPrediction.decoding_columns``); where some wait for or are in their prefill and
         the others decode so, :func:`~epp_client.engine.queued.queued_runs` over the columns and
         the queue; the SLO counts of the decodes of all such endpoints are a few array operations
         (:meth:`DecodingView.over_counts`); elsewhere (a request paced) :meth:`placement`."""
         out: list[Outcome | None] = [None] * len(endpoints)
-        runs: list[tuple[int, tuple[float, float, float, int, float, int]]] = []    # (position in endpoints, runs)
         judged: list[tuple[int, tuple[float, float, float, int, float, int]]] = []  # (position in the view, runs)
+        where: list[int] = []     # per judged: its position in endpoints
         extra: list[int] = []     # per judged: the queued requests' part of the count
+        todo: list[tuple[StepModel, int, float, int]] = []   # all decoding: the request's run, all at once
+        decoding: list[tuple[int, int]] = []    # per todo: (position in endpoints, position in the view)
         columns = view = None
         model_for, budget, probe, max_steps, cache = self.model_for, self.budget, self.probe, self.max_steps, \
             self.decode_cache
         for j, e in enumerate(endpoints):
             pred = e.prediction
-            if pred is not None and pred.decoding_columns is not None:
+            c = pred.decoding_columns if pred is not None else None
+            if c is not None:
                 if columns is None:     # one view per decision (every candidate's is the same)
-                    columns = pred.decoding_columns
+                    columns = c
                     view = columns()
                     index, size, general, decodes, context = view.index, view.size, view.general, view.decodes, \
                         view.context
                     paced, queued = view.paced, view.queued
                     taken = [False] * size    # an endpoint named twice: the second by placement
-                if pred.decoding_columns is columns:
-                    i = index.get(e.name, size)
-                    if i < size and not taken[i]:
-                        if not general[i] and decodes[i]:
+                i = index.get(e.name, size) if c is columns else size
+                if i < size and not taken[i]:
+                    u = prompt - cached[j]
+                    if not general[i]:
+                        if decodes[i]:
                             taken[i] = True
-                            u = prompt - cached[j]
-                            r = _decoding_runs(model_for(e), budget, decodes[i], context[i], prompt,
-                                               u if u > 1 else 1, probe, max_steps, cache)
-                            if r is not None:
-                                runs.append((j, r))
-                                judged.append((i, r))
-                                extra.append(0)
-                                continue
-                        elif general[i] and paced is not None and queued is not None and not paced[i]:
-                            taken[i] = True
-                            u = prompt - cached[j]
-                            q = queued_runs(model_for(e), budget, decodes[i], context[i], queued(i), prompt,
-                                            u if u > 1 else 1, probe, max_steps, cache)
-                            if q is not None:
-                                r = q[:6]
-                                runs.append((j, r))
-                                judged.append((i, r))
-                                extra.append(q[6])
-                                continue
+                            todo.append((model_for(e), decodes[i], context[i], u if u > 1 else 1))
+                            decoding.append((j, i))
+                            continue
+                    elif paced is not None and queued is not None and not paced[i]:
+                        taken[i] = True
+                        q = queued_runs(model_for(e), budget, decodes[i], context[i], queued(i), prompt,
+                                        u if u > 1 else 1, probe, max_steps, cache, self.ahead_cache)
+                        if q is not None:
+                            where.append(j)
+                            judged.append((i, q[:6]))
+                            extra.append(q[6])
+                            continue
             out[j] = self.placement(request, e, prompt, cached[j])
-        if view is not None:
+        for (j, i), r in zip(decoding, decoding_runs(budget, prompt, probe, max_steps, cache, todo)):
+            if r is None:
+                out[j] = self.placement(request, endpoints[j], prompt, cached[j])
+            else:
+                where.append(j)
+                judged.append((i, r))
+                extra.append(0)
+        if judged:
             new = tuple.__new__    # Outcome(...) without its Python __new__
-            for (j, r), harm in zip(runs, view.over_counts(judged, extra)):
+            for j, (_, r), harm in zip(where, judged, view.over_counts(judged, extra)):
                 out[j] = new(Outcome, (harm, r[0], r[1]))
         return out    # type: ignore[return-value]   # every entry set above

@@ -51,13 +51,13 @@ class RunningColumns:
         self._slo: list[float] = []          # per slot: its TPOT SLO (0: none)
         self.dispatch = np.zeros(capacity)
         self.ttft = np.zeros(capacity)
-        self.after_first = np.zeros(capacity, dtype=np.int64)
+        self.after_first = np.zeros(capacity)     # whole numbers: exact in a float
         self.slo = np.full(capacity, math.inf)
         self.endpoint = np.zeros(capacity, dtype=np.int64)
 
     def _grow(self) -> None:
         n = len(self.slo)
-        for name, fill in (("dispatch", 0.0), ("ttft", 0.0), ("after_first", 0), ("slo", math.inf),
+        for name, fill in (("dispatch", 0.0), ("ttft", 0.0), ("after_first", 0.0), ("slo", math.inf),
                            ("endpoint", 0)):
             old = getattr(self, name)
             col = np.full(2 * n, fill, dtype=old.dtype)
@@ -149,7 +149,9 @@ class RunningColumns:
     def view(self, now: float) -> DecodingView:
         """The decision's view at ``now`` (:func:`.twin_view.running_on`'s values, as columns)."""
         n = self._top
-        elapsed = (now - self.dispatch[:n]) * 1000.0 - self.ttft[:n]
+        elapsed = np.subtract(now, self.dispatch[:n])   # (now - dispatch) * 1000 - ttft, in place
+        elapsed *= 1000.0
+        elapsed -= self.ttft[:n]
         return DecodingView(dict(self._index), len(self._names), self._general[:], self._decodes[:], self._context[:],
                             np.where(elapsed > 0.0, elapsed, 0.0), self.after_first[:n].copy(), self.slo[:n].copy(),
                             self.endpoint[:n].copy(), self._paced[:], partial(self._queued_once, now, {}))
