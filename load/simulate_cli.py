@@ -330,15 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         report = write_report(out, scenario, args.seed, results, {**meta, "wall_s": wall}, plots)
         verdict.prepend(report, verdict.lines(results))
         if scenario.programs is not None:
-            from load.sim.agentic import table as ptable
-            with open(report, "a") as f:
-                f.write("\n## Programs\n\nProgram completion = last turn's end - program arrival (completed "
-                        "programs); TTFT by turn depth includes the queue wait; wait = arrival -> dispatch; "
-                        "Jain's index over per-program mean waits. SLO attainment is over every turn of "
-                        "every program: a failed program's turns that never arrived (turns not issued) are "
-                        "misses.\n")
-                for label, per in results.items():
-                    f.write(f"\n### Load {label}\n\n{ptable(per)}\n")
+            from load.sim.agentic import append_section
+            append_section(report, results)
         print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     else:
         from load.sim.report import table

@@ -334,7 +334,8 @@ def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, 
     at, the time and steps the run without it ends at), or None where the run would reach
     ``max_steps`` or there is no room for a prefill. The request is alone in the queue, so the
     run without it parts at the start (time 0) and is one decode-only stretch."""
-    return decoding_runs(budget, prompt_tokens, probe, max_steps, decode_cache, [(model, decodes, context, uncached)])[0]
+    return decoding_runs(budget, prompt_tokens, probe, max_steps, decode_cache,
+                         [(model, decodes, context, uncached)])[0]
 
 
 def decoding_runs(budget: int, prompt_tokens: int, probe: int, max_steps: int, decode_cache: DecodeCache | None,

@@ -87,6 +87,7 @@ class TwinEngine:
                 judged.append((i, r))
                 extra.append(0)
         if judged:
+            assert view is not None     # judged only from a view
             new = tuple.__new__    # Outcome(...) without its Python __new__
             for j, (_, r), harm in zip(where, judged, view.over_counts(judged, extra)):
                 out[j] = new(Outcome, (harm, r[0], r[1]))

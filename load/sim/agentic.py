@@ -228,3 +228,15 @@ def acceptance(per_policy: dict, first_seed: int = 0, base: str = "fcfs") -> lis
                              f"({las[k]['jain_index'] - f['jain_index']:+.3f})")
             out.append("; ".join(parts))
     return out
+
+
+def append_section(report, results: dict) -> None:
+    """Append the programs' section (:func:`table` per load) to the report file ``report``."""
+    with open(report, "a") as f:
+        f.write("\n## Programs\n\nProgram completion = last turn's end - program arrival (completed "
+                "programs); TTFT by turn depth includes the queue wait; wait = arrival -> dispatch; "
+                "Jain's index over per-program mean waits. SLO attainment is over every turn of "
+                "every program: a failed program's turns that never arrived (turns not issued) are "
+                "misses.\n")
+        for label, per in results.items():
+            f.write(f"\n### Load {label}\n\n{table(per)}\n")
