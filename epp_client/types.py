@@ -107,6 +107,10 @@ class LatencyPrediction:
     #: the same view of every endpoint at once, as columns (:class:`epp_client.engine.columns.DecodingView`;
     #: streaming mode, the producer's): one function per decision, shared by the candidates, computing it once
     decoding_columns: Callable[[], DecodingView] | None = None
+    #: the engine's prompt tokens per token of ``input_tokens`` (the gateway's estimate), learned by
+    #: the producer from the responses' usage (:class:`epp_client.engine.prompt_scale.PromptScale`):
+    #: the engine twin counts prompts in the engine's tokens
+    prompt_scale: float = 1.0
     _decodes: tuple[Running, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def running_decodes(self) -> tuple[Running, ...]:

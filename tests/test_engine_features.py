@@ -144,3 +144,38 @@ def test_the_engine_sums_sent_use_the_prompts_true_length_the_response_reports(r
     assert corrected["engine_prefill_pairs"] > estimated["engine_prefill_pairs"]
     assert corrected["engine_ttft_ms"] == estimated["engine_ttft_ms"] < exact["engine_ttft_ms"]
     assert corrected["input_token_length"] == estimated["input_token_length"] == 1000
+
+
+def test_the_twin_counts_prompts_in_the_engines_tokens_once_responses_report_them():
+    """Responses report 1.3 engine tokens per estimated token (a workload at ~3 bytes per token):
+    the producer learns the ratio, and the twin then schedules a request estimated at 1,000
+    tokens as the 1,300 the engine will run, its own and those already queued alike."""
+    sink = ListSink()
+    clock = [0.0]
+    sched = build_scheduler(HARM_CONFIG, predictor=FixedPredictor(), sink=sink, clock=lambda: clock[0],
+                            wall_clock=lambda: 1e9 + clock[0])
+    eps = [Endpoint(name="pod-a")]
+
+    def dispatch(rid: str, estimate: int) -> None:
+        req = InferenceRequest(request_id=rid, input_tokens=estimate, streaming=True,
+                               headers={"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "50"})
+        res = sched.schedule(req, eps, now=clock[0])
+        assert res.ok
+        sched.pre_request(req, res, now=clock[0])
+
+    for i in range(40):                        # each served alone, reporting its true count
+        dispatch(f"w{i}", 800 + 10 * i)
+        sched.on_first_chunk(f"w{i}", now=clock[0] + 0.1, tokens=1)
+        sched.on_chunk(f"w{i}", now=clock[0] + 0.2, tokens=1)
+        sched.on_complete(f"w{i}", now=clock[0] + 0.3, prompt_tokens=round(1.3 * (800 + 10 * i)))
+        clock[0] += 1.0
+    dispatch("head", 1000)                     # queued, no first token yet
+    dispatch("new", 1000)
+    sched.on_first_chunk("new", now=clock[0] + 0.5, tokens=1)
+    sched.on_chunk("new", now=clock[0] + 0.6, tokens=1)
+    sched.on_complete("new", now=clock[0] + 0.7)   # no usage this time: the sums at dispatch are sent
+    entry = next(e for e in reversed(sink.entries) if e.get("engine_endpoint"))
+    queued = (Running(0.0, 0, 50.0, 1300, 1300),)   # the head's 1,300 engine tokens, then the new one's
+    assert [entry[f.name] for f in ENGINE_FEATURE_FIELDS] == pytest.approx(
+        step_features(StepModel(), 2048, queued, 1300, 0), rel=1e-12)
+    assert entry["input_token_length"] == 1000     # the latency features keep the estimate

@@ -63,6 +63,7 @@ from typing import Any
 from epp_client.engine.features import EngineView, decoding_features, queued_features, step_features, twin_ttft
 from epp_client.engine.learned import LearnedTwin, StepModels, engine_class
 from epp_client.engine.model import EngineModel, Outcome
+from epp_client.engine.prompt_scale import engine_tokens
 from epp_client.engine.twin import StepModel
 from epp_client.engine.twin_engine import TwinEngine
 from epp_client.framework.params import Plugin, ge, gt, one_of, param, within
@@ -86,6 +87,15 @@ _MIN_HOLD_MS = 1.0   # a hold shorter than this is no hold: the request is place
 SHED_SLO_UNREACHABLE = "shed-slo-unreachable"
 #: the reason of a request refused with overMaxTtft: shed
 SHED_TTFT_OVER_BOUND = "shed-ttft-over-bound"
+
+
+def engine_prompt(request: InferenceRequest, e: Endpoint, scale: float) -> tuple[int, int]:
+    """The request's prompt tokens and those of them cached on ``e``, in the engine's tokens:
+    the gateway's estimate and the prefix match at ``scale`` engine tokens per estimated token
+    (the producer's :class:`~epp_client.engine.prompt_scale.PromptScale`)."""
+    est = max(0, int(request.input_tokens))
+    prompt = engine_tokens(est, scale)
+    return prompt, prompt - engine_tokens(uncached_prompt_tokens(e, est), scale)
 
 
 def lateness(request: InferenceRequest, o: Outcome) -> float:
@@ -207,8 +217,7 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         e = next(iter(picks.values()), None)
         if request.engine_view is not None or e is None or e.prediction is None or e.prediction.decoding is None:
             return
-        prompt = max(0, int(request.input_tokens))
-        cached = prompt - uncached_prompt_tokens(e, prompt)
+        prompt, cached = engine_prompt(request, e, e.prediction.prompt_scale)
         cls = self.class_of(e)
         model = self.step_models.for_endpoint(cls, e.name)
         columns = e.prediction.decoding_columns
@@ -241,11 +250,12 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
     def assess(self, request: InferenceRequest, endpoints: list[Endpoint]
                ) -> dict[str, tuple[tuple[float, float, float], Outcome]]:
         """Per endpoint with a prediction: the count's terms (:meth:`parts`) and the twin's outcome."""
-        prompt = max(0, int(request.input_tokens))
         ttft_slo, tpot_slo = request.ttft_slo_ms, request.tpot_slo_ms
         self.step_models.refresh()
         judged = [e for e in endpoints if e.prediction is not None]
-        cached = [prompt - uncached_prompt_tokens(e, prompt) for e in judged]
+        scale = judged[0].prediction.prompt_scale if judged and judged[0].prediction is not None else 1.0
+        prompt = engine_tokens(max(0, int(request.input_tokens)), scale)
+        cached = [engine_prompt(request, e, scale)[1] for e in judged]
         placements = getattr(self.engine_model, "placements", None)   # all at once, where the model can
         if placements is not None:
             outcomes = placements(request, judged, prompt, cached)

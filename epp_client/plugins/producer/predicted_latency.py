@@ -33,6 +33,7 @@ from dataclasses import KW_ONLY
 from typing import Any
 
 from epp_client.engine.columns import DecodingView
+from epp_client.engine.prompt_scale import PromptScale
 from epp_client.engine.twin import Running
 from epp_client.framework.params import Plugin, gt, param
 from epp_client.framework.protocols import Producer
@@ -82,6 +83,8 @@ class PredictedLatencyProducer(Plugin):
         self._counters = {"predictions": 0, "prediction_failures": 0, "ttft_samples": 0, "tpot_samples": 0,
                           "skipped_samples": 0, "ttft_slo_violations": 0, "tpot_slo_violations": 0}
         self._samples = SampleEmitter(self.sink, self.wall_clock, self._counters)
+        #: the engine's prompt tokens per estimated token, learned from the responses' usage (the twin's unit)
+        self.prompt_scale = PromptScale()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -136,7 +139,7 @@ class PredictedLatencyProducer(Plugin):
         self._counters["predictions"] += 1
         apply_predictions(ctx, endpoints, result, now, running=self.running, streaming_mode=self.streaming_mode,
                           endpoint_role_label=self.endpoint_role_label, slo_buffer_factor=self.slo_buffer_factor,
-                          decoding=self.decoding,
+                          decoding=self.decoding, prompt_scale=self.prompt_scale.factor,
                           decoding_columns=LazyView(self.decoding_columns, now) if self.streaming_mode else None)
 
     def produce(self, request: InferenceRequest, endpoints: list[Endpoint], now: float | None = None) -> None:
@@ -181,7 +184,10 @@ class PredictedLatencyProducer(Plugin):
         if ctx.dispatch is not None:  # re-dispatch (retry on another endpoint): move the entry
             self.running.remove(request.request_id)
         ctx.dispatch = now
-        ctx.uncached = 0 if ctx.prefill_target is not None else uncached_prompt_tokens(primary, ctx.input_tokens)
+        scale = self.prompt_scale
+        ctx.engine_prompt = scale.tokens(ctx.input_tokens)
+        ctx.uncached = 0 if ctx.prefill_target is not None else \
+            scale.tokens(uncached_prompt_tokens(primary, ctx.input_tokens))
         # the twin's view (a decode-harm plugin's, just before): sent with the TTFT entry
         ctx.engine = request.engine_view if self.streaming_mode and ctx.prefill_target is None else None
         request.engine_view = None
@@ -225,7 +231,8 @@ class PredictedLatencyProducer(Plugin):
                     output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
         """End of stream (or abort). Aborted / non-2xx responses train nothing (A.2.3).
         ``prompt_tokens``: the prompt's true length when the response reported it
-        (``usage.prompt_tokens``): the TPOT entry's engine sums are computed with it."""
+        (``usage.prompt_tokens``): the TPOT entry's engine sums are computed with it, and the
+        ratio to the estimate teaches :attr:`prompt_scale`."""
         now = self.clock() if now is None else now
         ctx = self._cache.get(request_id, now)
         self.running.remove(request_id)
@@ -235,6 +242,8 @@ class PredictedLatencyProducer(Plugin):
         if ctx.dispatch is None:
             return
         failed = aborted or not 200 <= status < 300
+        if not failed:
+            self.prompt_scale.observe(ctx.input_tokens, prompt_tokens)
         e2e_ms = float(int((now - ctx.dispatch) * 1000.0))
         if not self.streaming_mode:
             if failed:

@@ -16,7 +16,7 @@ def apply_predictions(ctx: RequestContext, endpoints: list[Endpoint], result: Bu
                       running: RunningQueue, streaming_mode: bool, endpoint_role_label: str,
                       slo_buffer_factor: float,
                       decoding: Callable[[str, float], tuple[Running, ...]],
-                      decoding_columns: Callable[[], DecodingView] | None = None) -> None:
+                      decoding_columns: Callable[[], DecodingView] | None = None, prompt_scale: float = 1.0) -> None:
     """Write ``Endpoint.prediction`` on each candidate and keep the predictions in ``ctx``.
 
     TTFT headroom is ``ttft_slo - ttft``. TPOT is judged in streaming mode only, and not on a
@@ -24,7 +24,8 @@ def apply_predictions(ctx: RequestContext, endpoints: list[Endpoint], result: Bu
     endpoint's lowest running TPOT SLO × ``sloBufferFactor`` when that is lower. In streaming
     mode ``decoding(endpoint, now)`` gives the twin's view of the endpoint, computed on first use
     (``LatencyPrediction.running_decodes``), and ``decoding_columns`` (one per decision) every
-    endpoint's at once."""
+    endpoint's at once; ``prompt_scale``: the engine's prompt tokens per estimated token
+    (:class:`~epp_client.engine.prompt_scale.PromptScale`)."""
     ttft_slo, tpot_slo, f = ctx.ttft_slo, ctx.tpot_slo, slo_buffer_factor
     ctx.model_version = result.model_version
     preds = ctx.predictions = {}
@@ -46,4 +47,4 @@ def apply_predictions(ctx: RequestContext, endpoints: list[Endpoint], result: Bu
         e.prediction = LatencyPrediction(t, p, ttft_headroom, tpot_headroom, ttft_valid, tpot_valid,
                                          running.size(e.name), result.model_version, result.model_source,
                                          partial(decoding, e.name, now) if streaming_mode else None,
-                                         decoding_columns if streaming_mode else None)
+                                         decoding_columns if streaming_mode else None, prompt_scale)

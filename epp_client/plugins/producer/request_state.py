@@ -80,7 +80,7 @@ class RunningQueue:
 class RequestContext:
     __slots__ = ("request_id", "input_tokens", "ttft_slo", "tpot_slo", "rows", "predictions", "model_version",
                  "target", "prefill_target", "dispatch", "ttft_ms", "chunks", "tokens", "tokens_known",
-                 "touched", "uncached", "engine")
+                 "touched", "engine_prompt", "uncached", "engine")
 
     def __init__(self, request_id: str, input_tokens: int) -> None:
         self.request_id = request_id
@@ -98,7 +98,9 @@ class RequestContext:
         self.tokens = 0
         self.tokens_known = True
         self.touched = 0.0
-        self.uncached = input_tokens   # prompt tokens to prefill on the target (set at dispatch)
+        # the prompt in the engine's tokens (PromptScale, set at dispatch), and those of it to prefill on the target
+        self.engine_prompt = input_tokens
+        self.uncached = input_tokens
         self.engine: Any = None        # the twin's view at dispatch (epp_client.engine.features.EngineView)
 
 

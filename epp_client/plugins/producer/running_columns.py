@@ -135,7 +135,7 @@ class RunningColumns:
         elif not (ctx.tokens_known and ctx.tokens >= 1):
             part = (0, 1, 0, 0)             # paced: the endpoint is judged per request
         else:
-            part = (0, 0, 1, ctx.input_tokens + ctx.tokens)
+            part = (0, 0, 1, ctx.engine_prompt + ctx.tokens)
         self._count(ctx.request_id, slot, part)
         slo = self._slo[slot]
         if part[2] and slo > 0.0:

@@ -37,7 +37,7 @@ def running_on(endpoint: str, now: float, running: RunningQueue, contexts: Mappi
         if not (ctx.tokens_known and tokens >= 1):
             pace = ctx.predictions.get(endpoint, (0.0, 0.0))[1]
             tokens = 1 + int(max(0.0, elapsed) / pace) if pace > 0 else 1
-        append(new(Running, (elapsed if elapsed > 0.0 else 0.0, tokens, slo, ctx.input_tokens + tokens, 0, 0.0)))
+        append(new(Running, (elapsed if elapsed > 0.0 else 0.0, tokens, slo, ctx.engine_prompt + tokens, 0, 0.0)))
     return tuple(out)
 
 
@@ -48,4 +48,4 @@ def waiting(ctx: RequestContext, dispatch: float, slo: float, endpoint: str, now
     dispatch and the endpoint's last first token."""
     since = max(dispatch, first_token_at.get(endpoint, dispatch)) if head else now
     queued = (now - since) * 1000.0
-    return tuple.__new__(Running, (0.0, 0, slo, ctx.input_tokens, ctx.uncached, queued if queued > 0.0 else 0.0))
+    return tuple.__new__(Running, (0.0, 0, slo, ctx.engine_prompt, ctx.uncached, queued if queued > 0.0 else 0.0))
