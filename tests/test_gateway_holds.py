@@ -119,19 +119,19 @@ class FixedTtft:
         return Outcome(0, self.ttft_ms, 1.0)
 
 
-def test_the_recommended_profile_refuses_a_request_it_would_queue_past_60_s(servers, engines):  # noqa: F811
+def test_the_recommended_profile_refuses_a_request_it_would_queue_past_30_s(servers, engines):  # noqa: F811
     gw, srv = start(servers["tmp"], [e.url for e in engines], config_text("predicted-latency-recommended"),
                     [servers["prediction"]], servers["training"])
     f = _harm_filter(gw)
-    assert (f.max_ttft_ms, f.over_max_ttft) == (60_000.0, "shed")
+    assert (f.max_ttft_ms, f.over_max_ttft) == (30_000.0, "shed")
     body = {"prompt": "hello", "max_tokens": 2}
     try:
-        f.use_engine_model(FixedTtft(90_000.0))       # past the bound everywhere: refused at once, any priority
+        f.use_engine_model(FixedTtft(45_000.0))       # past the bound everywhere: refused at once, any priority
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
         assert r.status_code == 429 and r.headers["x-llm-d-request-dropped-reason"] == "shed-ttft-over-bound"
         assert int(r.headers["retry-after"]) >= 1 and f.shed == 1
         assert sum(len(e.state.received) for e in engines) == 0
-        f.use_engine_model(FixedTtft(50_000.0))       # within it: placed
+        f.use_engine_model(FixedTtft(25_000.0))       # within it: placed
         assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
         assert sum(len(e.state.received) for e in engines) == 1 and f.shed == 1
         m = httpx.get(srv.url + "/metrics").text

@@ -57,7 +57,8 @@ def test_the_filter_sees_the_requests_running_on_each_endpoint(harm_config):
     assert 0 < f.filtered < m["requests"]     # it dropped endpoints, not on every decision
     # it held some requests (holdSlackMs): each was scheduled again until placed, none was lost
     assert 0 < router.held_requests <= router.holds == f.holds
-    assert m["completed"] == m["requests"] and m["shed"] == 0
+    # every request served, but those the filter refused at once (first token past maxTtftMs everywhere)
+    assert m["completed"] + m["shed"] == m["requests"] and m["shed"] == f.shed <= 0.01 * m["requests"]
     # tokens were streamed to the producer (its decode state measures the pace, not the prediction),
     # at most every output token after the first chunk
     assert 0 < m["streamed_tokens"] < sum(r.output_len for r in bench.prepare(get_scenario("standard-small"),

@@ -23,7 +23,7 @@ def _with_filter_params(**params) -> str:
 def test_no_request_is_held_longer_than_its_bound_in_the_simulator():
     sc = get_scenario("standard-small")
     opts = bench.RunOptions(seed=0, limit=200, ideal=True,
-                            epp_config=_with_filter_params(holdSlackMs=300, maxHoldMs=400))
+                            epp_config=_with_filter_params(holdSlackMs=300, maxHoldMs=400, maxTtftMs=0))
     arr, cap = bench.prepare(sc, opts)
     m, _, router = bench.run_one(sc, arr, cap, 0.9, "predicted", opts)
     f = next(x for p in router.lifecycle.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
@@ -48,7 +48,8 @@ def test_sheddable_requests_late_everywhere_are_shed_and_counted_in_the_simulato
     sc = dataclasses.replace(base, slo_classes=(
         dataclasses.replace(c, share=0.5),
         dataclasses.replace(c, share=0.5, name="batch", priority=-1, ttft_ms=100.0, ttft_slowdown=1.2)))
-    opts = bench.RunOptions(seed=0, limit=200, ideal=True, epp_config=_with_filter_params(shedWhenHopeless=True))
+    opts = bench.RunOptions(seed=0, limit=200, ideal=True,
+                            epp_config=_with_filter_params(shedWhenHopeless=True, maxTtftMs=0))
     arr, cap = bench.prepare(sc, opts)
     m, _, router = bench.run_one(sc, arr, cap, 1.0, "predicted", opts)
     f = next(x for p in router.lifecycle.profiles for x in p.filters if isinstance(x, DecodeHarmFilter))
