@@ -344,7 +344,8 @@ def test_dump_state():
         p.pre_request(req(rid, tpot=tpot), eps[target])
     assert p.dump_state() == {"endpoints": [{"endpoint": "b", "runningRequests": 2, "minTpotSlo": 9.0},
                                             {"endpoint": "a", "runningRequests": 1, "minTpotSlo": 5.0}],
-                              "totalEndpoints": 2, "maxEndpoints": 100, "truncated": False, "trackedRequests": 3}
+                              "totalEndpoints": 2, "maxEndpoints": 100, "truncated": False, "trackedRequests": 3,
+                              "promptScale": {"enginePerEstimatedToken": 1.0, "samples": 0}}
 
 
 def test_real_prior_bundle_in_process():

@@ -272,5 +272,8 @@ class PredictedLatencyProducer(Plugin):
             self._samples.tpot(ctx, avg_tpot, prompt_tokens)
 
     def dump_state(self, max_endpoints: int = 100) -> dict:
-        """The debug state (B1.8, :func:`.debug_state.dump_state`)."""
-        return dump_state(self.running, len(self._cache), max_endpoints)
+        """The debug state (B1.8, :func:`.debug_state.dump_state`), with the engine's prompt tokens
+        per estimated token learned so far and the responses it was learned from."""
+        return {**dump_state(self.running, len(self._cache), max_endpoints),
+                "promptScale": {"enginePerEstimatedToken": self.prompt_scale.factor,
+                                "samples": self.prompt_scale.samples}}
