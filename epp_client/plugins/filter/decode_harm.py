@@ -89,13 +89,13 @@ SHED_SLO_UNREACHABLE = "shed-slo-unreachable"
 SHED_TTFT_OVER_BOUND = "shed-ttft-over-bound"
 
 
-def engine_prompt(request: InferenceRequest, e: Endpoint, scale: float) -> tuple[int, int]:
-    """The request's prompt tokens and those of them cached on ``e``, in the engine's tokens:
-    the gateway's estimate and the prefix match at ``scale`` engine tokens per estimated token
-    (the producer's :class:`~epp_client.engine.prompt_scale.PromptScale`)."""
+def engine_prompt(request: InferenceRequest, endpoints: list[Endpoint], scale: float) -> tuple[int, list[int]]:
+    """The request's prompt tokens and, per endpoint, those of them cached there, in the engine's
+    tokens: the gateway's estimate and the prefix match at ``scale`` engine tokens per estimated
+    token (the producer's :class:`~epp_client.engine.prompt_scale.PromptScale`)."""
     est = max(0, int(request.input_tokens))
     prompt = engine_tokens(est, scale)
-    return prompt, prompt - engine_tokens(uncached_prompt_tokens(e, est), scale)
+    return prompt, [prompt - engine_tokens(uncached_prompt_tokens(e, est), scale) for e in endpoints]
 
 
 def lateness(request: InferenceRequest, o: Outcome) -> float:
@@ -217,7 +217,7 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         e = next(iter(picks.values()), None)
         if request.engine_view is not None or e is None or e.prediction is None or e.prediction.decoding is None:
             return
-        prompt, cached = engine_prompt(request, e, e.prediction.prompt_scale)
+        prompt, (cached,) = engine_prompt(request, [e], e.prediction.prompt_scale)
         cls = self.class_of(e)
         model = self.step_models.for_endpoint(cls, e.name)
         columns = e.prediction.decoding_columns
@@ -254,8 +254,7 @@ class DecodeHarmCount(RequestHooksBase, Plugin):
         self.step_models.refresh()
         judged = [e for e in endpoints if e.prediction is not None]
         scale = judged[0].prediction.prompt_scale if judged and judged[0].prediction is not None else 1.0
-        prompt = engine_tokens(max(0, int(request.input_tokens)), scale)
-        cached = [engine_prompt(request, e, scale)[1] for e in judged]
+        prompt, cached = engine_prompt(request, judged, scale)
         placements = getattr(self.engine_model, "placements", None)   # all at once, where the model can
         if placements is not None:
             outcomes = placements(request, judged, prompt, cached)
