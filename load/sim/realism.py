@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.prompt import BYTES_PER_TOKEN
 
@@ -45,6 +45,9 @@ class Realism:
     speed_jitter: float = 0.1            # persistent per-server speed factor in [1 - j, 1 + j]
     bytes_per_token_sigma: float = 0.25  # log-sd of a prompt's bytes per token around BYTES_PER_TOKEN
     deadline_s: float = DEFAULT_DEADLINE_S   # client deadline after arrival; 0: none (and a free drain)
+    #: the per-text draws of :meth:`segment_bytes` made so far, by (what, key): each is a pure
+    #: function of its seed, kept so that a text shared by many prompts seeds one generator
+    _text_draws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         lo, hi = self.scrape_delay_s
@@ -90,9 +93,18 @@ class Realism:
         sigma = self.bytes_per_token_sigma / math.sqrt(2.0)
         if sigma <= 0 or not segments:
             return None
-        family = self.rng("bytes-per-token-family", segments[0][0]).gauss(0.0, sigma)
+        family = self._text_draw("bytes-per-token-family", segments[0][0], sigma)
         return tuple(max(1, round(n * BYTES_PER_TOKEN * math.exp(
-            family + self.rng("bytes-per-token", key).gauss(0.0, sigma)))) for key, n in segments)
+            family + self._text_draw("bytes-per-token", key, sigma)))) for key, n in segments)
+
+    def _text_draw(self, what: str, key: object, sigma: float) -> float:
+        """The normal draw (mean 0, sd ``sigma``) of text ``key`` for ``what``: the first of its own
+        generator (:meth:`rng`), made once per text."""
+        draws = self._text_draws
+        x = draws.get((what, key))
+        if x is None:
+            x = draws[(what, key)] = self.rng(what, key).gauss(0.0, sigma)
+        return x
 
     @staticmethod
     def estimated_tokens(input_len: int, seg_bytes: tuple[int, ...] | None) -> int:
