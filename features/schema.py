@@ -143,6 +143,13 @@ def _check_pod_type(value: Any, loc: tuple) -> float:
     return float(code)
 
 
+#: per row field: the field, its name, whether it is an integer, and the bounds within which a number
+#: needs no more check (the fast path of :func:`parse_row`; a pod type has none: an empty range)
+_ROW_RANGES: tuple[tuple[WireField, str, bool, float, float], ...] = tuple(
+    (f, f.name, f.kind == "int", f.lo, min(math.inf if f.hi is None else f.hi, 2**53 - 1))
+    if f.kind != "pod_type" else (f, f.name, False, math.inf, -math.inf) for f in ROW_FIELDS)
+
+
 def parse_row(obj: Any, loc: tuple = ()) -> list[float]:
     """Validate one feature row (a decoded JSON object) into raw columns.
 
@@ -150,9 +157,18 @@ def parse_row(obj: Any, loc: tuple = ()) -> list[float]:
     """
     if type(obj) is not dict:
         raise FieldError(loc, f"must be an object, got {type(obj).__name__}", "type_error")
-    out = []
-    for f in ROW_FIELDS:
-        value = obj.get(f.name)
+    out: list[float] = []
+    for f, name, is_int, lo, hi in _ROW_RANGES:
+        value: Any = obj.get(name)
+        # the common case, decided by the same comparisons as _check_number (NaN and infinities
+        # fail the range test and take the full check, which names the fault)
+        t = type(value)
+        if t is float and lo <= value <= hi and not (is_int and not value.is_integer()):
+            out.append(value)
+            continue
+        if t is int and lo <= value <= hi:
+            out.append(float(value))
+            continue
         if value is None:
             if f.required:
                 if f.name in obj:
