@@ -7,7 +7,6 @@ twin's general step, to the last bit (tests/test_twin_exact.py).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -50,22 +49,22 @@ class DecodeCache:
     def __init__(self, size: int = 1024) -> None:
         self.size = size
         self._reach = 0.0     # how far past its start recent stretches were asked for, decaying
-        self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, list[float]]] = OrderedDict()
+        self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, np.ndarray]] = OrderedDict()
 
     def end(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
             ) -> tuple[float, int]:
         """:func:`_decode_steps` with ``until_ms`` read from the stretch's times: (time reached, steps)."""
         entry = self._runs.get((id(model), decodes, context, t))
         times = entry[1] if entry is not None and entry[0] is model else None
-        if times is None or (len(times) < n and (not times or times[-1] < until_ms)):
+        if times is None or (len(times) < n and (not len(times) or times[-1] < until_ms)):
             times = self.times(model, decodes, context, t, n, until_ms)
         hi = len(times)
         hi = n if n < hi else hi
-        k = bisect_left(times, until_ms, 0, hi)
+        k = int(times[:hi].searchsorted(until_ms))     # the first at or after until_ms (bisect_left)
         k = hi - 1 if k > hi - 1 else k
-        return times[k], k + 1
+        return float(times[k]), k + 1
 
-    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> list[float]:
+    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> np.ndarray:
         """The times after each step of the stretch, at least up to the first at or after
         ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms``, and from
         ``t`` = 0 at least as far as recent stretches from 0 were asked for)."""
@@ -74,10 +73,10 @@ class DecodeCache:
         if entry is None or entry[0] is not model:
             if len(self._runs) >= self.size:     # the oldest goes (a stretch of a state gone by), one at a time
                 self._runs.popitem(last=False)
-            entry = (model, [])
+            entry = (model, np.empty(0))
             self._runs[key] = entry
         times = entry[1]
-        if len(times) < n and (not times or times[-1] < until_ms):
+        if len(times) < n and (not len(times) or times[-1] < until_ms):
             # a quarter further, and a stretch from now (t = 0: an endpoint where all decode, the
             # same for every decision while its requests do not change) at least as far as recent
             # requests' runs went: a long prompt's run then finds the other endpoints' stretches
@@ -95,14 +94,16 @@ class DecodeCache:
             zero = model.per_prefill_pair_ms * 0.0
             k = len(times)
             c = context + k * decodes
-            u = times[-1] if times else t
+            u = float(times[-1]) if k else t
+            parts = [times]
             while k < n:
                 ms = base + per_context * c + decode_ms + zero
                 step = (ms if ms > 0.1 else 0.1) / speed
                 left = (until_ms - u) / step   # more steps than this to until_ms: every step is as long or longer
                 if left >= _VECTOR_STEPS and per_context >= 0:
                     m = n - k if left >= n - k else min(n - k, int(left) + 1)
-                    u = _stepped(times, base, per_context, decode_ms, zero, speed, c, decodes, u, m)
+                    parts.append(_stepped(base, per_context, decode_ms, zero, speed, c, decodes, u, m))
+                    u = float(parts[-1][-1])
                     c += m * decodes
                     k += m
                     if u >= until_ms:
@@ -111,7 +112,8 @@ class DecodeCache:
                 # fewer steps left than stepped with numpy, and fewer still at each step (with
                 # per_context >= 0 no step is shorter than the one before; below 0, never numpy):
                 # the rest in a plain loop
-                append = times.append
+                tail = []
+                append = tail.append
                 while True:
                     u += step
                     append(u)
@@ -121,7 +123,10 @@ class DecodeCache:
                         break
                     ms = base + per_context * c + decode_ms + zero
                     step = (ms if ms > 0.1 else 0.1) / speed
+                parts.append(np.array(tail))
                 break
+            times = parts[1] if len(parts) == 2 and not len(times) else np.concatenate(parts)
+            self._runs[key] = (model, times)
         return times
 
 
@@ -129,14 +134,13 @@ class DecodeCache:
 _VECTOR_STEPS = 96
 
 
-def _stepped(times: list[float], base: float, per_context: float, decode_ms: float, zero: float, speed: float,
-             context: float, decodes: int, t: float, m: int) -> float:
-    """``m`` decode-only steps from ``t`` appended to ``times`` (returns the last): the loop of
+def _stepped(base: float, per_context: float, decode_ms: float, zero: float, speed: float,
+             context: float, decodes: int, t: float, m: int) -> np.ndarray:
+    """The times after each of ``m`` decode-only steps from ``t``: the loop of
     :meth:`DecodeCache.times` elementwise, the same operations in the same order (the contexts are
     whole numbers, exact in a float; the time is accumulated left to right), to the last bit."""
     ms = base + per_context * (context + decodes * np.arange(m, dtype=np.float64)) + decode_ms + zero
-    times.extend(_cumulative(t, ms, speed)[1:].tolist())
-    return times[-1]
+    return _cumulative(t, ms, speed)[1:]
 
 
 def _cumulative(t: float, ms: np.ndarray, speed: float) -> np.ndarray:
