@@ -49,22 +49,24 @@ def _load_xgboost(data: bytes, fmt: str):
 def _xgboost_dense_predictor(booster, fallback):
     """The same in-place prediction as ``Booster.inplace_predict`` (C API
     ``XGBoosterPredictFromDense``) without its per-call Python overhead (about half of
-    the cost for a 16-row batch). Checked against ``fallback`` on probe rows at load
-    time; any mismatch or API difference keeps ``fallback``."""
+    the cost for a 16-row batch), into a proxy matrix kept per thread (a new one per call
+    reads the cgroup CPU quota files each time). Checked against ``fallback`` on probe rows
+    at load time; any mismatch or API difference keeps ``fallback``."""
     import ctypes
     import json
+    import threading
 
     try:
-        from xgboost.core import _LIB, c_bst_ulong
+        from xgboost.core import _LIB, _ProxyDMatrix, c_bst_ulong
 
         fn = _LIB.XGBoosterPredictFromDense
         handle = booster.handle
         n_features = booster.num_features()
     except Exception:  # a future xgboost without these names: keep the public API
         return fallback
+    local = threading.local()   # .proxy: this thread's (a proxy holds the data of the call in progress)
     args = json.dumps({"type": 0, "training": False, "iteration_begin": 0, "iteration_end": 0,
                        "missing": float("nan"), "strict_shape": False, "cache_id": 0}).encode()
-    null = ctypes.c_void_p()
     byref = ctypes.byref
     c_float_p = ctypes.POINTER(ctypes.c_float)
     shape_p = ctypes.POINTER(c_bst_ulong)
@@ -76,7 +78,10 @@ def _xgboost_dense_predictor(booster, fallback):
         ai = b'{"data": [%d, true], "shape": [%d, %d], "strides": null, "typestr": "<f8", "version": 3}' % (
             x.ctypes.data, n, n_features)
         shape, dims, preds = shape_p(), c_bst_ulong(), c_float_p()
-        if fn(handle, ai, args, null, byref(shape), byref(dims), byref(preds)) != 0:
+        proxy = getattr(local, "proxy", None)
+        if proxy is None:
+            proxy = local.proxy = _ProxyDMatrix()
+        if fn(handle, ai, args, proxy.handle, byref(shape), byref(dims), byref(preds)) != 0:
             return fallback(x)
         if dims.value != 1 or shape[0] != n:
             return fallback(x)
