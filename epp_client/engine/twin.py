@@ -133,11 +133,16 @@ def _under_way(model: StepModel, budget: int, reqs: tuple[Running, ...], left: l
     """The prefill under way: the full chunks of the queue's head since it reached the head
     (``queued_ms``), taken from ``left`` and added to ``done``."""
     room = max(1, budget - decodes)
+    # model.ms inlined (the same arithmetic in the same order): a long prompt takes many chunks
+    fixed, per_token, per_context, per_pair, speed = model.fixed_ms, model.per_token_ms, \
+        model.per_context_token_ms, model.per_prefill_pair_ms, model.speed
+    dm = model.decode_ms if decodes else 0.0
     for i in queue:
         elapsed = reqs[i].queued_ms
         while elapsed > 0 and left[i] > 1:   # each chunk costs more than the last (causal attention)
             n = min(room, left[i] - 1)
-            elapsed -= model.ms(decodes + n, ctx, decodes, n * (done[i] + n / 2.0))
+            ms = fixed + per_token * (decodes + n) + per_context * ctx + dm + per_pair * (n * (done[i] + n / 2.0))
+            elapsed -= (0.1 if 0.1 > ms else ms) / speed     # max(ms, 0.1)
             if elapsed < 0:
                 break
             left[i] -= n
