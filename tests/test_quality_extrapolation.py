@@ -84,15 +84,15 @@ def test_forward_protocol_on_the_ramp_covers_where_trees_alone_do_not(ramp_forwa
     res = ramp_forward
     up, lin = res["baselines"]["upstream"], res["baselines"]["linear"]
     assert up["coverage"] < 50                       # trees predict a constant past the last queue seen
-    # 86% measured: the model ships as calibrated on the newest 20% of its rows, and each next
+    # 85% measured: the model ships as calibrated on the newest 15% of its rows, and each next
     # block of a ramp lies further out than they did (the linear baseline: 78%)
     assert 80 <= res["coverage"] <= 95 and res["coverage"] > lin["coverage"]
     assert res["pinball"] < 0.3 * up["pinball"]
 
 
-@pytest.mark.xfail(strict=True, reason="forward TTFT pinball on sim-ramp is 1.12x the linear baseline's "
-                                       "(708 against 631 ms, docs/forward-accuracy.md)")
 def test_forward_protocol_on_the_ramp_beats_the_linear_baseline(ramp_forward):
+    # 576 against 631 ms measured (docs/forward-accuracy.md): TTFT's trees are fitted on all but
+    # the newest 15% of the rows, and the line of queued work on all of them
     assert ramp_forward["pinball"] < ramp_forward["baselines"]["linear"]["pinball"]
 
 

@@ -39,7 +39,8 @@ def test_servers_slowing_down_past_the_calibration_rows_are_covered_closer_to_th
     n, ahead = 1500, 300
     raw, ttft, tpot = _linear_ramp(n + ahead, seed=11)
     ttft = ttft * np.linspace(1.0, 2.2, n + ahead)
-    cfg = TrainConfig(auto_links={"ttft": ("add",), "tpot": ("add",)})
+    # calibrated on the newest 20% of the rows, over which the slowdown grows by 5% half to half
+    cfg = TrainConfig(auto_links={"ttft": ("add",), "tpot": ("add",)}, calibration_share={"ttft": 0.2, "tpot": 0.2})
     cover = {}
     scale = {}
     for exponent in (0.0, 0.5):
@@ -126,3 +127,20 @@ def test_an_unknown_calibration_rows_value_is_refused_not_read_as_newest():
     with pytest.raises(ValueError, match="calibration_rows"):
         TrainConfig(calibration_rows={"ttft": "newest", "tpot": "random"})
     assert TrainConfig(calibration_rows={"ttft": "both", "tpot": "newest"}).calibration_rows["ttft"] == "both"
+
+
+def test_each_target_holds_out_its_own_newest_share_for_calibration():
+    """TTFT is calibrated on the newest 15% of its rows and fitted on the rest; TPOT on 20%
+    (docs/forward-accuracy.md); a share given for one target only, or outside (0, 0.9), is refused."""
+    import pytest
+
+    n = 1000
+    raw, ttft, tpot = _linear_ramp(n, seed=5)
+    assert TrainConfig().calibration_share == {"ttft": 0.15, "tpot": 0.2}
+    for share in (0.15, 0.3):
+        cfg = TrainConfig(calibration_share={"ttft": share, "tpot": 0.2})
+        res = train_models(raw, ttft, tpot * 0, config=cfg)
+        assert res.calibration["ttft"]["n_calibration"] == round(share * n)
+    for bad in ({"ttft": 0.15}, {"ttft": 0.0, "tpot": 0.2}, {"ttft": 0.15, "tpot": 0.95}):
+        with pytest.raises(ValueError, match="calibration_share"):
+            TrainConfig(calibration_share=bad)

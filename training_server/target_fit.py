@@ -1,6 +1,6 @@
 """One target's model of the default recipe: trees over the linear base, calibrated forward.
 
-The rows arrive oldest first. The newest ``calibration_share`` of them are held out (time
+The rows arrive oldest first. The newest ``calibration_share[target]`` of them are held out (time
 order: they measure how a model fitted on the past does on what comes next, exactly the
 situation of a served model), the model is fitted on the older ones, and the calibration
 (:mod:`training_server.calibration`: a multiplicative conformal factor by default, an offset
@@ -180,12 +180,12 @@ def fit_target(cfg, fit: FitFn, r: np.ndarray, x: np.ndarray, y: np.ndarray, w: 
             model, predict = fit(x[m], y[m] - level, wm, scale)
         return model, spec, lambda xs: _with_base(spec, predict(xs), xs, target, names)
 
-    do_cal = (cfg.calibrate and cfg.recipe == "default" and cfg.objective == "quantile"
-              and n * cfg.calibration_share >= 20)
+    share = float(cfg.calibration_share[target])
+    do_cal = cfg.calibrate and cfg.recipe == "default" and cfg.objective == "quantile" and n * share >= 20
     if not do_cal:
         model, spec, _ = fit_on(links[0], slice(None))
         return model, spec, None
-    k = int(round(n * cfg.calibration_share))
+    k = int(round(n * share))
     # Few rows (fewer than MIN_FORWARD_ROWS to calibrate on): a random share and an offset in ms,
     # as in steady state; the newest few rows of a warming-up server say little about the
     # next ones, and a factor from a few rows is set by one ratio (a short prediction missed by
