@@ -297,3 +297,21 @@ def test_runs_through_long_prompts_to_a_time_end_where_the_replay_does_to_the_la
             (ref.t, ref.steps, ref.context, ref.head, ref.left, ref.done, ref.firsts)
         most = max(most, max((n // budget for n in ref.done), default=0))
     assert most > 4 * _VECTOR_CHUNKS     # prompts long enough for the numpy stepping
+
+
+def test_a_stretch_kept_as_a_list_and_then_as_an_array_reads_the_same_ends():
+    """A short stretch's times are a list, a long one's a numpy array (``stretch._LIST_TIMES``): the
+    same stretch read to ends further and further out crosses from one to the other, and every end
+    read is the uncached replay's, to the last bit."""
+    from epp_client.engine.stretch import _LIST_TIMES, _decode_steps
+
+    rng = random.Random(9)
+    kinds = set()
+    for model in MODELS:
+        cache = DecodeCache(size=4)
+        decodes, context = rng.randint(1, 40), float(rng.randint(100, 50_000))
+        for until in sorted(rng.uniform(1.0, 60_000.0) for _ in range(40)):
+            got = cache.end(model, decodes, context, 0.0, 4_000, until)
+            assert got == _decode_steps(model, decodes, context, 0.0, 4_000, until, None)
+            kinds.add(type(cache.times(model, decodes, context, 0.0, 4_000, until)).__name__)
+    assert kinds == {"list", "ndarray"} and _LIST_TIMES > 1

@@ -7,8 +7,9 @@ twin's general step, to the last bit (tests/test_twin_exact.py).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -40,6 +41,10 @@ def _decode_steps(model: StepModel, decodes: int, context: float, t: float, n: i
     return t, k
 
 
+#: a stretch's times after each step: a numpy array, or a list of floats when short (_LIST_TIMES)
+_Times: TypeAlias = "np.ndarray | list[float]"
+
+
 class DecodeCache:
     """The times of decode-only stretches already stepped, per start (step model, decodes,
     context, time): while an endpoint's running requests do not change, every decision's run
@@ -49,7 +54,7 @@ class DecodeCache:
     def __init__(self, size: int = 1024) -> None:
         self.size = size
         self._reach = 0.0     # how far past its start recent stretches were asked for, decaying
-        self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, np.ndarray]] = OrderedDict()
+        self._runs: OrderedDict[tuple[int, int, float, float], tuple[StepModel, _Times]] = OrderedDict()
 
     def end(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
             ) -> tuple[float, int]:
@@ -60,20 +65,26 @@ class DecodeCache:
             times = self.times(model, decodes, context, t, n, until_ms)
         hi = len(times)
         hi = n if n < hi else hi
-        k = int(times[:hi].searchsorted(until_ms))     # the first at or after until_ms (bisect_left)
+        if isinstance(times, list):    # a short stretch (_LIST_TIMES)
+            k = bisect_left(times, until_ms, 0, hi)     # the first at or after until_ms
+            k = hi - 1 if k > hi - 1 else k
+            return times[k], k + 1
+        k = int(times[:hi].searchsorted(until_ms))     # the same (bisect_left on a sorted array)
         k = hi - 1 if k > hi - 1 else k
         return float(times[k]), k + 1
 
-    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float) -> np.ndarray:
+    def times(self, model: StepModel, decodes: int, context: float, t: float, n: int, until_ms: float
+              ) -> _Times:
         """The times after each step of the stretch, at least up to the first at or after
         ``until_ms`` or ``n`` of them (when stepped, a quarter further than ``until_ms``, and from
-        ``t`` = 0 at least as far as recent stretches from 0 were asked for)."""
+        ``t`` = 0 at least as far as recent stretches from 0 were asked for): a numpy array, or a
+        list of floats (the same values) for a stretch of at most ``_LIST_TIMES`` steps."""
         key = (id(model), decodes, context, t)
         entry = self._runs.get(key)
         if entry is None or entry[0] is not model:
             if len(self._runs) >= self.size:     # the oldest goes (a stretch of a state gone by), one at a time
                 self._runs.popitem(last=False)
-            entry = (model, np.empty(0))
+            entry = (model, [])
             self._runs[key] = entry
         times = entry[1]
         if len(times) < n and (not len(times) or times[-1] < until_ms):
@@ -95,15 +106,16 @@ class DecodeCache:
             k = len(times)
             c = context + k * decodes
             u = float(times[-1]) if k else t
-            parts = [times]
+            chunks: list[np.ndarray] = []     # stepped with numpy
+            tail: list[float] = []            # stepped in the plain loop, after them
             while k < n:
                 ms = base + per_context * c + decode_ms + zero
                 step = (ms if ms > 0.1 else 0.1) / speed
                 left = (until_ms - u) / step   # more steps than this to until_ms: every step is as long or longer
                 if left >= _VECTOR_STEPS and per_context >= 0:
                     m = n - k if left >= n - k else min(n - k, int(left) + 1)
-                    parts.append(_stepped(base, per_context, decode_ms, zero, speed, c, decodes, u, m))
-                    u = float(parts[-1][-1])
+                    chunks.append(_stepped(base, per_context, decode_ms, zero, speed, c, decodes, u, m))
+                    u = float(chunks[-1][-1])
                     c += m * decodes
                     k += m
                     if u >= until_ms:
@@ -112,7 +124,6 @@ class DecodeCache:
                 # fewer steps left than stepped with numpy, and fewer still at each step (with
                 # per_context >= 0 no step is shorter than the one before; below 0, never numpy):
                 # the rest in a plain loop
-                tail = []
                 append = tail.append
                 while True:
                     u += step
@@ -123,15 +134,23 @@ class DecodeCache:
                         break
                     ms = base + per_context * c + decode_ms + zero
                     step = (ms if ms > 0.1 else 0.1) / speed
-                parts.append(np.array(tail))
                 break
-            times = parts[1] if len(parts) == 2 and not len(times) else np.concatenate(parts)
+            if not chunks and isinstance(times, list):    # short stepping onto a short stretch: no numpy
+                joined = times + tail
+                times = joined if len(joined) <= _LIST_TIMES else np.array(joined)
+            else:
+                whole = np.concatenate((np.asarray(times), *chunks, np.array(tail)))
+                times = whole.tolist() if len(whole) <= _LIST_TIMES else whole
             self._runs[key] = (model, times)
         return times
 
 
 #: a decode-only stretch at least this many steps long is stepped with numpy
 _VECTOR_STEPS = 96
+
+#: a stretch of at most this many steps keeps its times as a list: most runs read one time of a
+#: short stretch, which a bisection of a list finds faster than numpy's per-call overhead
+_LIST_TIMES = 256
 
 
 def _stepped(base: float, per_context: float, decode_ms: float, zero: float, speed: float,
