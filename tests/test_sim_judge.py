@@ -85,6 +85,61 @@ def test_a_clone_taken_during_a_step_whose_request_was_abandoned_continues_witho
     assert twin.running[0].computed == stays.computed > 0     # the clone's step did what the server's did
 
 
+def _decoding_server():
+    """A server whose running requests all decode (first tokens out), with step noise's mean factor."""
+    from load.sim.realism import StepNoise
+
+    srv = ModelServer(0, get_preset("llama3-8b-a100"))
+    srv.noise = StepNoise(1.1, 0.1, None).expected()
+    for i, (n_in, n_out) in enumerate(((300, 40), (1_000, 90), (17, 200), (500, 33))):
+        srv.add(_req(i, n_in, n_out), 0.0)
+    t = 0.0
+    while srv.waiting or any(r.computed < r.target for r in srv.running):
+        t += srv.plan_step(t)
+        srv.finish_step(t, None, None)
+    return srv, t
+
+
+def _state(srv):
+    return ([(r.rid, r.computed, r.generated, r.npages) for r in srv.running], srv.kv.free, srv.kv.lru_pages,
+            srv.kv.evicted_pages, srv.busy_time, srv.steps)
+
+
+@pytest.mark.parametrize("until", [None, 0.2])
+def test_a_decode_stretch_in_one_go_is_the_same_steps_one_at_a_time(until):
+    """The oracles run cloned servers forward: where all decode, :meth:`ModelServer.decode_stretch`
+    takes the steps before the first one that finishes a request at once, to the same clock, pages
+    and counters as stepping them (a request's next page every 16 tokens)."""
+    srv, t0 = _decoding_server()
+    one, stepped = srv.clone(), srv.clone()
+    t, k = one.decode_stretch(t0, 1_000, t0 + until if until else None)
+    assert 2 <= k <= 31 and (until or k == 31)    # the 33-token request's last token is a step of its own
+    t_stepped = last = t0
+    for _ in range(k):
+        last = t_stepped
+        t_stepped += stepped.plan_step(t_stepped)
+        stepped.finish_step(t_stepped, None, None)
+    assert t == t_stepped and _state(one) == _state(stepped)
+    if until:
+        assert k < 31 and t >= t0 + until > last      # its last step is the first to end past the clock
+    # then it goes on by plan_step: the next step finishes the 33-token request on both
+    one.plan_step(t)
+    one.finish_step(t, None, None)
+    assert k < 31 or [r.rid for r in one.running] == [0, 1, 2]
+
+
+def test_no_decode_stretch_where_a_request_waits_prefills_or_pages_would_not_fit():
+    srv, t0 = _decoding_server()
+    assert srv.clone().decode_stretch(t0, 1)[1] == 0          # under two steps
+    waiting = srv.clone()
+    waiting.add(_req(9, 100, 5), t0)
+    assert waiting.decode_stretch(t0, 1_000) == (t0, 0)
+    full, _ = _decoding_server()
+    full.kv.free = 0        # every page taken: a stretch would need preemptions, plan_step decides those
+    full.kv.lru_pages = 0
+    assert full.decode_stretch(t0, 1_000) == (t0, 0)
+
+
 def test_a_request_abandoned_while_queued_is_a_miss_and_nothing_drains_after_the_last_deadline():
     spec = get_preset("llama3-8b-a100", max_num_seqs=1)
     reqs = [_req(i, 1_000, 400, t=0.01 * i) for i in range(12)]

@@ -60,7 +60,9 @@ class OracleScheduler(HeuristicScheduler):
     knows every server's true state but not future arrivals. For speed, candidates are
     visited in order of an optimistic TTFT bound and skipped once the bound cannot beat
     the best probe; a queue deeper than ``max_steps`` full steps is scored by the bound
-    instead of being simulated, and a probe is cut at ``max_steps`` steps and extrapolated."""
+    instead of being simulated, and a probe is cut at ``max_steps`` steps and extrapolated. A
+    stretch where every request on the clone decodes is taken in one go (the same steps:
+    :meth:`~load.sim.server.ModelServer.decode_stretch`)."""
 
     name = "oracle"
 
@@ -137,6 +139,12 @@ class OracleScheduler(HeuristicScheduler):
                 break
             if until_t is not None and t >= until_t:
                 break
+            # a stretch where all decode, in one go (the probe stops at its want-th token)
+            t, k = srv.decode_stretch(t, min(self.max_steps - steps, want - probe.generated) if probe is not None
+                                      else self.max_steps - steps, until_t)
+            if k:
+                steps += k
+                continue
             dur = srv.plan_step(t)
             if dur <= 0:
                 break

@@ -310,3 +310,56 @@ class ModelServer:
         # a request abandoned during the step in progress is in no queue; the step completes without it
         c._batch = [(m[id(r)], n) for r, n in self._batch if id(r) in m]
         return c
+
+    def decode_stretch(self, t: float, max_steps: int, until_t: float | None = None) -> tuple[float, int]:
+        """Oracle support: where every running request decodes and none waits, the steps before
+        the first one that finishes a request (at most ``max_steps``, none once the clock is at
+        ``until_t``) taken in one go, with the batches, durations, clock and page allocations of
+        :meth:`plan_step` and :meth:`finish_step` stepped one at a time (the pages all of them
+        take fit: no preemption). The time reached and the steps taken; (``t``, 0) where the
+        server is not so, or the stretch would be under two steps."""
+        running = self.running
+        if self.waiting or self._batch or self.adapters is not None or not running:
+            return t, 0
+        spec, bs = self.spec, self.bs
+        n = len(running)
+        k_max = max_steps
+        ctx = need = 0
+        for r in running:
+            if r.computed < r.target or r.abandoned:
+                return t, 0
+            left = r.output_len - r.generated - 1    # its last token finishes it: a step of its own
+            if left < k_max:
+                k_max = left
+            ctx += r.computed
+        if k_max < 2 or n > spec.max_num_batched_tokens:
+            return t, 0
+        for r in running:
+            more = -(-(r.computed + k_max) // bs) - r.npages
+            if more > 0:
+                need += more
+        if need > self.kv.available():
+            return t, 0
+        noise = self.noise
+        k = 0
+        while k < k_max and (until_t is None or t < until_t):
+            dur = spec.step_ms(n, float(ctx), n, 0.0) / 1000.0
+            if noise is not None:
+                dur *= noise()
+            self.busy_time += dur
+            t += dur
+            ctx += n
+            k += 1
+        if k == 0:
+            return t, 0
+        need = 0
+        for r in running:
+            r.computed += k
+            r.generated += k
+            more = -(-r.computed // bs) - r.npages
+            if more > 0:
+                need += more
+                r.npages += more
+        self.kv.allocate(need)
+        self.steps += k
+        return t, k
