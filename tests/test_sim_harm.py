@@ -24,9 +24,11 @@ def harm_config(tmp_path_factory):
     """The recommended profile (its decode-harm-filter first, holding requests) as a file."""
     cfg = config_text("predicted-latency-recommended")
     assert "  - pluginRef: predicted-latency-producer\n  - pluginRef: decode-harm-filter\n" in cfg
-    # the count decides every placement and the hold is bounded by the SLO slack alone: the truth and
-    # the twin are compared on the count (least-late placement bypasses it for requests late everywhere)
-    pinned = "    holdSlackMs: 300\n    hopelessPlacement: count\n    maxHoldSloShare: 1\n    maxHoldMs: 1000000000\n"
+    # the count decides every placement, the hold is bounded by the SLO slack alone and retried every 50 ms:
+    # the truth and the twin are compared on the count (least-late placement bypasses it for requests late
+    # everywhere)
+    pinned = "    holdSlackMs: 300\n    holdRetryMs: 50\n    hopelessPlacement: count\n    maxHoldSloShare: 1\n" \
+        "    maxHoldMs: 1000000000\n"
     assert "    holdSlackMs: 300\n" in cfg
     path = tmp_path_factory.mktemp("cfg") / "harm.yaml"
     path.write_text(cfg.replace("    holdSlackMs: 300\n", pinned))

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from epp_client.heuristics import RandomScheduler
+from epp_client.profiles import config_text
 from load.sim import bench
 from load.sim.driver import LifecycleRouter, prompt_hashes
 from load.sim.engine import ClusterConfig, Simulation
@@ -301,7 +302,10 @@ IDEAL_FIGURES = {
 def test_ideal_reproduces_the_idealised_figures_exactly(policy):
     sc = get_scenario("standard-small")
     limit, figures = IDEAL_FIGURES[policy]
-    opts = bench.RunOptions(seed=3, limit=limit, ideal=True)
+    # the world is pinned, and so is the router: the recommended profile retried held requests every 50 ms then
+    config = config_text("predicted-latency-recommended").replace("    holdSlackMs: 300\n",
+                                                                  "    holdSlackMs: 300\n    holdRetryMs: 50\n")
+    opts = bench.RunOptions(seed=3, limit=limit, ideal=True, epp_config=config if policy == "predicted" else None)
     arrivals, cap = bench.prepare(sc, opts)
     m = bench.run_one(sc, arrivals, cap, 1.0, policy, opts)[0]
     assert (m["slo_attainment"], m["ttft_p99_ms"], m["steps"]) == figures

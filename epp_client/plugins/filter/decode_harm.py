@@ -292,7 +292,7 @@ class DecodeHarmFilter(DecodeHarmCount):
                                      "pushes running requests over their TPOT SLO, as long as it would still have "
                                      "more than this much of its TTFT SLO left after holdRetryMs (0: never hold)")
 
-    hold_retry_ms: float = param("holdRetryMs", default=50.0, check=gt(0.0),
+    hold_retry_ms: float = param("holdRetryMs", default=150.0, check=gt(0.0),
                                  doc="how long a held request waits before it is scheduled again")
 
     max_hold_ms: float = param("maxHoldMs", default=10_000.0, check=gt(0.0),
