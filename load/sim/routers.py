@@ -140,8 +140,10 @@ class OracleScheduler(HeuristicScheduler):
             if until_t is not None and t >= until_t:
                 break
             # a stretch where all decode, in one go (the probe stops at its want-th token)
-            t, k = srv.decode_stretch(t, min(self.max_steps - steps, want - probe.generated) if probe is not None
-                                      else self.max_steps - steps, until_t)
+            limit = self.max_steps - steps
+            if probe is not None:
+                limit = min(limit, want - probe.generated)
+            t, k = srv.decode_stretch(t, limit, until_t)
             if k:
                 steps += k
                 continue
