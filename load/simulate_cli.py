@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="set an engine coefficient for every server, e.g. speed_scale=0.7, "
                         "prefill_attention_scale=2, max_num_seqs=32 (repeatable; see load/sim/engines.py)")
     p.add_argument("--capacity", action="store_true",
-                   help="per policy, the highest load at which SLO attainment stays >= 90%%, by bisection to 2%% "
+                   help="per policy, the highest load at which SLO attainment stays >= 90%%, to within 2%% "
                         "(--load is not used); report.md opens with the verdict")
     p.add_argument("--from-sweep", default=None, metavar="DIR",
                    help="with --capacity: start from a sweep's runs (its --out; same scenario, seed and options)")

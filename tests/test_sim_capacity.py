@@ -31,7 +31,7 @@ def test_bisection_brackets_the_edge_to_two_percent(edge):
 
 
 def test_idle_workers_split_the_widest_gap_and_never_run_a_load_twice():
-    s = Search("p")
+    s = Search("p", guided=False)
     assert s.next_load() == 1.0 and s.next_load([1.0]) is None    # nothing known yet: wait for the first
     s.record(1.0, {"slo_attainment": 0.95})
     assert s.next_load() == 1.25 and s.next_load([1.25]) == pytest.approx(1.5625)   # stepping up
@@ -40,6 +40,69 @@ def test_idle_workers_split_the_widest_gap_and_never_run_a_load_twice():
     assert s.next_load([1.5]) == 1.25 and s.next_load([1.5, 1.25]) == 1.75
     s.record(1.015, {"slo_attainment": 0.5})     # the edge is below 1.015: within 2% of 1.0, done
     assert s.next_load() is None and s.result(4.0)["capacity"] == 1.0
+
+
+def test_a_guided_probe_goes_where_the_attainments_cross_the_target_within_the_bracket():
+    s = Search("p")
+    s.record(1.0, {"slo_attainment": 0.95})
+    s.record(2.0, {"slo_attainment": 0.5})
+    assert s.next_load() == pytest.approx(1.1111)     # 0.05 of the 0.45 between the ends: a ninth in
+    assert s.next_load([1.1111]) == pytest.approx(1.5556, abs=1e-4)    # an idle worker halves the widest gap left
+    s.record(1.1111, {"slo_attainment": 0.92})
+    assert s.next_load() == pytest.approx(1.5555, abs=1e-4)     # that probe did not halve the bracket: halve it
+    s.record(1.5555, {"slo_attainment": 0.6})
+    # the line from (1.1111, 92%) to (1.5555, 60%) crosses 90% at 1.1389
+    assert s.next_load() == pytest.approx(1.1389, abs=1e-4)
+    t = Search("q")
+    t.record(1.0, {"slo_attainment": 0.9001})
+    t.record(1.5, {"slo_attainment": 0.7})
+    assert t.next_load() == 1.0199      # the crossing is just past the lower end: 2% past it (floored), to close it
+    t.record(1.0199, {"slo_attainment": 0.89})
+    assert t.next_load() is None and t.result(1.0)["capacity"] == 1.0
+
+
+def _smooth(edge: float):
+    """A policy whose attainment falls linearly with load, through 90% at ``edge``."""
+    def run(load: float, policy: str) -> tuple[dict, float, float]:
+        return {"slo_attainment": min(1.0, 0.9 - 0.08 * (load - edge) / edge)}, 0.0, 0.0
+    run.edge = edge
+    return run
+
+
+def _cliff(edge: float):
+    """Attainment just over 90% up to ``edge``, then collapsing: the line through a bracket's ends
+    points near the lower end, far from the edge."""
+    def run(load: float, policy: str) -> tuple[dict, float, float]:
+        return {"slo_attainment": 0.9005 if load <= edge else 0.2}, 0.0, 0.0
+    run.edge = edge
+    return run
+
+
+def _probes_guided_and_bisected(policy) -> dict[bool, int]:
+    """The probes of a search with and without guided narrowing, each checked to bracket the edge
+    (``policy.edge``) to 2%."""
+    probes = {}
+    for guided in (True, False):
+        s = Search("p", guided=guided)
+        while (x := s.next_load()) is not None:
+            m, _, _ = policy(x, "p")
+            s.record(x, m)
+        lo, hi = s.result(1.0)["bracket"]
+        assert lo <= policy.edge < hi and hi - lo <= TOLERANCE * lo
+        probes[guided] = len(s.probes)
+    return probes
+
+
+@pytest.mark.parametrize("edge", (0.37, 0.737, 1.0, 1.61))
+def test_guided_narrowing_brackets_like_bisection_in_fewer_probes_where_attainment_falls_smoothly(edge):
+    probes = _probes_guided_and_bisected(_smooth(edge))
+    assert probes[True] < probes[False]
+
+
+@pytest.mark.parametrize("edge", (0.37, 0.737, 1.0, 1.19, 1.61))
+def test_where_the_line_misleads_every_other_probe_halves_the_bracket(edge):
+    probes = _probes_guided_and_bisected(_cliff(edge))
+    assert probes[True] <= 2 * probes[False]
 
 
 @pytest.mark.parametrize("n", (1, 9, 10, 11, 99, 100, 12_031))
