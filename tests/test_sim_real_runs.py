@@ -14,7 +14,8 @@ from load.sim.server import ModelServer
 from load.sim.workloads import isolated_prefill_ms
 from load.sim_realism import compare as C
 from load.sim_realism.__main__ import main
-from load.sim_realism.fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
+from load.sim_realism.fit import (MIN_PREFILL_SCALE, fit_continued, fit_latency, fit_prefill_scale, fit_step_floor,
+                                  fit_timeout)
 from load.sim_realism.lost import fill_lost
 from load.sim_realism.replay import policy_for, replay, requests_of
 from load.sim_realism.runs import RunsError, load_folder, read_run
@@ -180,3 +181,26 @@ def test_the_step_floor_is_fitted_to_the_lowest_run_tpot():
     measured = float(np.median([r.tpot_ms for r in run.rows]))
     assert replay(run, fitted, 2, "random").stats["tpot_p50"] == pytest.approx(measured, rel=0.02)
     assert replay(run, spec, 2, "random").stats["tpot_p50"] > 1.1 * measured
+
+
+def test_a_stack_faster_to_first_token_than_the_preset_gets_a_cheaper_prefill_and_no_other_one_does():
+    spec = get_70b_preset("llama31-70b-a100-tp2")
+    runs = {r.stack[:4]: replace(r, rows=r.rows[:100]) for r in load_folder(EXP2, ("sharegpt",), (0.5,))}
+    run = runs["llm-"]     # LMCache's CPU tier: prompts of earlier runs load instead of computing
+    floor = fit_step_floor(run, spec, 2, "llmd-default")
+    before = replay(run, floor, 2, "llmd-default", 0.3)
+    measured = float(np.median([r.ttft_s for r in run.rows]))
+    assert before.stats["ttft_p50"] > 1.15 * measured
+    fitted, k, after = fit_prefill_scale(run, floor, 2, "llmd-default", 0.3, before)
+    assert MIN_PREFILL_SCALE < k < 0.9
+    assert after.stats["ttft_p50"] == pytest.approx(measured, rel=0.03)
+    assert fitted.a_att == pytest.approx(floor.a_att * k) and fitted.c_tok == pytest.approx(floor.c_tok * k)
+    assert fitted.lin_ms[0] == floor.lin_ms[0] and fitted.lin_ms[-1] < floor.lin_ms[-1]   # the slope, not the floor
+    kept = ("a_kv", "c_attn", "kv_capacity_tokens", "max_num_batched_tokens")
+    assert [getattr(fitted, f) for f in kept] == [getattr(floor, f) for f in kept]
+    assert fit_latency(run, after) == pytest.approx(0.0, abs=0.01)
+    # where the simulated first token is as late as the measured or earlier, nothing changes
+    short = next(r for r in load_folder(EXP2, ("short_input",), (0.5,)) if r.stack.startswith("vllm"))
+    rp = replay(short, spec, 2, "random", 0.0)
+    assert rp.stats["ttft_p50"] < float(np.median([r.ttft_s for r in short.rows]))
+    assert fit_prefill_scale(short, spec, 2, "random", 0.0, rp) == (spec, 1.0, rp)

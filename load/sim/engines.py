@@ -101,19 +101,24 @@ def check_params(engine: Engine, params: Mapping[str, object]) -> dict[str, obje
     return out
 
 
+def scaled(spec: ServerSpec, speed_scale: float = 1.0, prefill_attention_scale: float = 1.0,
+           per_token_scale: float = 1.0, decode_attention_scale: float = 1.0) -> ServerSpec:
+    """``spec`` with the cost scales of the module doc (``SCALES``) applied."""
+    k = per_token_scale
+    if k != 1.0:
+        lin0 = spec.lin_ms[0]
+        spec = dataclasses.replace(spec, c_tok=spec.c_tok * k, lin_ms=tuple(lin0 + k * (y - lin0) for y in spec.lin_ms))
+    for field, scale in (("speed", speed_scale), ("a_att", prefill_attention_scale), ("a_kv", decode_attention_scale)):
+        if scale != 1.0:
+            spec = dataclasses.replace(spec, **{field: getattr(spec, field) * scale})
+    return spec
+
+
 def engine_spec(base: ServerSpec, engine: Engine, params: Mapping[str, object] | None = None) -> ServerSpec:
     """``base`` on ``engine``, with ``params`` (checked) over the engine's own coefficients."""
     values = {**engine.params, **check_params(engine, params or {})}
     scales = {k: float(values.pop(k, 1.0)) for k in SCALES}   # type: ignore[arg-type]
-    spec = base.with_overrides({**values, "engine": engine.name})
-    k = scales["per_token_scale"]
-    if k != 1.0:
-        lin0 = spec.lin_ms[0]
-        spec = dataclasses.replace(spec, c_tok=spec.c_tok * k, lin_ms=tuple(lin0 + k * (y - lin0) for y in spec.lin_ms))
-    for field, scale in (("speed", "speed_scale"), ("a_att", "prefill_attention_scale"),
-                         ("a_kv", "decode_attention_scale")):
-        if scales[scale] != 1.0:
-            spec = dataclasses.replace(spec, **{field: getattr(spec, field) * scales[scale]})
+    spec = scaled(base.with_overrides({**values, "engine": engine.name}), **scales)
     if engine.table:
         from .steptable import TableSpec, splitwise_curves
 

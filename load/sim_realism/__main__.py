@@ -11,7 +11,7 @@ from pathlib import Path
 from load.sim.presets_70b import DEFAULT_GPU_MEMORY_UTILIZATION, PRESETS_70B, get_70b_preset
 
 from . import compare as C
-from .fit import fit_continued, fit_latency, fit_step_floor, fit_timeout
+from .fit import fit_continued, fit_latency, fit_prefill_scale, fit_step_floor, fit_timeout
 from .lost import fill_lost
 from .replay import policy_for, replay
 from .runs import STATS, Run, RunsError, load_folder, measured
@@ -84,6 +84,9 @@ def evaluate(a: argparse.Namespace) -> dict:
         else:
             low = replay(rs[0], fitted, a.replicas, policy, a.continued, a.seed, timeout)
             fit.update(continued=a.continued, given=True)
+        fitted, fit["prefill_scale"], low = fit_prefill_scale(rs[0], fitted, a.replicas, policy, fit["continued"], low,
+                                                              a.seed, timeout)
+        fit["c_fix_ms"] = fitted.c_fix
         fit["latency_s"] = fit_latency(rs[0], low)
         pts = []
         for r in rs:
@@ -130,7 +133,8 @@ def render(res: dict) -> str:
         timeout = "no timeout" if f["timeout_s"] is None else f"timeout {f['timeout_s']:g} s"
         lines += ["", f"## {s['stack']} / {s['workload']} (policy {s['policy']}; continued prompts "
                       f"{f['continued']:.2f}, {how}; {timeout}, latency outside the engine "
-                      f"{f['latency_s'] * 1000:.1f} ms, step floor c_fix {f['c_fix_ms']:.2f} ms)",
+                      f"{f['latency_s'] * 1000:.1f} ms, step floor c_fix {f['c_fix_ms']:.2f} ms, prefill cost "
+                      f"x{f['prefill_scale']:.3f})",
                   "| QPS | rows (sim) | " + " | ".join(STATS) + " |", "|---" * (len(STATS) + 2) + "|"]
         for p in s["points"]:
             cells = [f"{_fmt(p['measured'][k])} / {_fmt(p['simulated'][k])} {p['verdict'][k]}" for k in STATS]

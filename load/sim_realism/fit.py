@@ -14,9 +14,18 @@
   prefill from scratch on the preset (``FAST``) reused cached tokens. ``fit_continued``
   chooses the share of continued prompts whose simulated fast share on the lowest-QPS run
   matches the measured one.
+- The cost of a prompt's prefill (``fit_prefill_scale``: a stack that loads part of each prompt's KV
+  instead of computing it, as LMCache's CPU tier does with prompts an earlier run sent, computes
+  less per prompt token): where the simulated TTFT median on the lowest-QPS run at the fitted share
+  is above the measured one, the per-token and prefill-attention costs of a step are scaled down
+  (``load.sim.engines.scaled``, one factor for both, at least ``MIN_PREFILL_SCALE``) until the
+  medians meet, ``c_fix`` refitted at each factor.
 - The fixed latency outside the engine's steps (``fit_latency``: HTTP, the gateway and its
   endpoint picker): the measured TTFT median minus the simulated one on the lowest-QPS run at
-  the fitted share, if positive (else 0).
+  the fitted share and prefill cost, if positive (else 0).
+
+The TTFT median of the lowest-QPS run is so matched from one side or the other: by a cheaper
+prefill where the simulated one is above it, by a latency outside the engine where it is below.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from load.sim.engines import scaled
 from load.sim.stepmodel import ServerSpec
 from load.sim.workloads import isolated_prefill_ms
 
@@ -33,6 +43,8 @@ from .runs import Run
 
 FAST = 0.5
 GRID = tuple(k / 20 for k in range(19))      # 0, 0.05, ..., 0.9
+MIN_PREFILL_SCALE = 0.2
+SCALE_HALVINGS = 10
 
 
 def fast_share(spec: ServerSpec, prompts: Sequence[int], ttft_s: Sequence[float]) -> float:
@@ -86,3 +98,29 @@ def fit_latency(run: Run, fitted: Replay) -> float:
     """The fixed latency (s) outside the engine: measured minus simulated TTFT median, if positive."""
     measured = float(np.median([r.ttft_s for r in run.rows]))
     return max(0.0, measured - fitted.stats["ttft_p50"] + fitted.latency_s)
+
+
+def fit_prefill_scale(run: Run, spec: ServerSpec, replicas: int, policy: str, continued: float, fitted: Replay,
+                      seed: int = 0, timeout_s: float | None = None) -> tuple[ServerSpec, float, Replay]:
+    """(``spec`` with its prefill cost scaled and ``c_fix`` refitted, the scale, the replay at the
+    fit) where ``fitted`` (the replay at ``spec`` and the fitted share) has a TTFT median above the
+    run's; else (``spec``, 1.0, ``fitted``)."""
+    measured = float(np.median([r.ttft_s for r in run.rows]))
+    if fitted.stats["ttft_p50"] <= measured:
+        return spec, 1.0, fitted
+
+    def at(k: float) -> tuple[ServerSpec, Replay]:
+        s = fit_step_floor(run, scaled(spec, per_token_scale=k, prefill_attention_scale=k), replicas, policy, seed,
+                           timeout_s)
+        return s, replay(run, s, replicas, policy, continued, seed, timeout_s)
+
+    lo, hi = MIN_PREFILL_SCALE, 1.0     # the median is above the measured one at hi
+    for _ in range(SCALE_HALVINGS):
+        mid = (lo + hi) / 2.0
+        if at(mid)[1].stats["ttft_p50"] > measured:
+            hi = mid
+        else:
+            lo = mid
+    k = (lo + hi) / 2.0
+    s, rp = at(k)
+    return s, k, rp
