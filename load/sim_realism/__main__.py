@@ -77,7 +77,7 @@ def evaluate(a: argparse.Namespace) -> dict:
         policy = policy_for(stack, a.policies)
         timeout = fit_timeout(rs[0])
         fitted = fit_step_floor(rs[0], spec, a.replicas, policy, a.seed, timeout)
-        fit: dict = {"fitted_on_qps": rs[0].qps, "timeout_s": timeout, "c_fix_ms": fitted.c_fix}
+        fit: dict = {"fitted_on_qps": rs[0].qps, "timeout_s": timeout}
         if a.continued is None:
             share, target, got, low = fit_continued(rs[0], fitted, a.replicas, policy, a.seed, timeout)
             fit.update(continued=share, measured_fast_share=target, simulated_fast_share=got)

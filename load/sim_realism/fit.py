@@ -39,7 +39,7 @@ from load.sim.stepmodel import ServerSpec
 from load.sim.workloads import isolated_prefill_ms
 
 from .replay import Replay, finished, replay
-from .runs import Run
+from .runs import Run, measured
 
 FAST = 0.5
 GRID = tuple(k / 20 for k in range(19))      # 0, 0.05, ..., 0.9
@@ -65,10 +65,10 @@ STEP_PASSES = 2
 def fit_step_floor(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: int = 0,
                    timeout_s: float | None = None) -> ServerSpec:
     """``spec`` with ``c_fix`` (ms per step) fitted to the run's TPOT median."""
-    measured = float(np.median([r.tpot_ms for r in run.rows if r.output_tokens > 1]))
+    want = float(np.median([r.tpot_ms for r in run.rows if r.output_tokens > 1]))
     for _ in range(STEP_PASSES):
         got = replay(run, spec, replicas, policy, 0.0, seed, timeout_s).stats["tpot_p50"]
-        spec = spec.with_overrides({"c_fix": max(0.0, spec.c_fix + measured - got)})
+        spec = spec.with_overrides({"c_fix": max(0.0, spec.c_fix + want - got)})
     return spec
 
 
@@ -96,8 +96,7 @@ def fit_continued(run: Run, spec: ServerSpec, replicas: int, policy: str, seed: 
 
 def fit_latency(run: Run, fitted: Replay) -> float:
     """The fixed latency (s) outside the engine: measured minus simulated TTFT median, if positive."""
-    measured = float(np.median([r.ttft_s for r in run.rows]))
-    return max(0.0, measured - fitted.stats["ttft_p50"] + fitted.latency_s)
+    return max(0.0, measured(run)["ttft_p50"] - fitted.stats["ttft_p50"] + fitted.latency_s)
 
 
 def fit_prefill_scale(run: Run, spec: ServerSpec, replicas: int, policy: str, continued: float, fitted: Replay,
@@ -105,8 +104,8 @@ def fit_prefill_scale(run: Run, spec: ServerSpec, replicas: int, policy: str, co
     """(``spec`` with its prefill cost scaled and ``c_fix`` refitted, the scale, the replay at the
     fit) where ``fitted`` (the replay at ``spec`` and the fitted share) has a TTFT median above the
     run's; else (``spec``, 1.0, ``fitted``)."""
-    measured = float(np.median([r.ttft_s for r in run.rows]))
-    if fitted.stats["ttft_p50"] <= measured:
+    target = measured(run)["ttft_p50"]
+    if fitted.stats["ttft_p50"] <= target:
         return spec, 1.0, fitted
 
     def at(k: float) -> tuple[ServerSpec, Replay]:
@@ -117,7 +116,7 @@ def fit_prefill_scale(run: Run, spec: ServerSpec, replicas: int, policy: str, co
     lo, hi = MIN_PREFILL_SCALE, 1.0     # the median is above the measured one at hi
     for _ in range(SCALE_HALVINGS):
         mid = (lo + hi) / 2.0
-        if at(mid)[1].stats["ttft_p50"] > measured:
+        if at(mid)[1].stats["ttft_p50"] > target:
             hi = mid
         else:
             lo = mid
