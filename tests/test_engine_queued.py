@@ -1,6 +1,6 @@
 """The engine twin's placement on an endpoint with requests waiting for or in their prefill beside
 counted decodes (:func:`epp_client.engine.queued.queued_runs`: the queue ahead stepped once for the
-runs with and without the request) gives the plain replay's outcome to the last bit."""
+runs with and without the request) gives the plain replay's outcome (times to rounding)."""
 from __future__ import annotations
 
 import random
@@ -8,9 +8,8 @@ import random
 from epp_client.engine.features import queued_features, step_features
 from epp_client.engine.model import Outcome
 from epp_client.engine.queued import AheadCache, queued_runs
-from epp_client.engine.stretch import DecodeCache
 from epp_client.engine.twin import Running, StepModel
-from test_twin_exact import MODELS, ref_placement
+from test_twin_exact import MODELS, _same_outcome, ref_placement
 
 
 def _queued(rng: random.Random) -> tuple[Running, ...]:
@@ -38,9 +37,8 @@ def _outcome(got: tuple[float, float, float, int, float, int, int] | None, decod
     return Outcome(harm if harm > 0 else 0, tf, tpot)
 
 
-def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_last_bit():
+def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome():
     rng = random.Random(77)
-    cache = DecodeCache()
     fast = none = harmed = 0
     for _ in range(3_000):
         model = rng.choice(MODELS)
@@ -53,23 +51,23 @@ def test_the_queue_and_the_decodes_summed_give_the_plain_replays_outcome_to_the_
         want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, probe, max_steps)
         uncached = max(1, prompt - cached)
         got = _outcome(queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)), queued,
-                                   prompt, uncached, probe, max_steps, cache if rng.random() < 0.7 else None), decoding)
+                                   prompt, uncached, probe, max_steps), decoding)
         if got is None:
             none += 1
             assert want.ttft_ms == float("inf")
             continue
-        assert got == want
+        assert _same_outcome(got, want), (got, want)
         fast += 1
         harmed += want.harm > 0
     assert fast > 2_000 and none > 30 and harmed > 200
 
 
-def test_the_queue_ahead_read_from_its_cache_gives_the_plain_replays_outcome_to_the_last_bit():
+def test_the_queue_ahead_read_from_its_cache_gives_the_plain_replays_outcome():
     """Queue states judged for several requests each (the queue ahead of them read from an
     AheadCache, small enough to drop starts on the way): every outcome is the plain replay's, and
     most requests found the queue ahead stepped already."""
     rng = random.Random(79)
-    cache, ahead = DecodeCache(), AheadCache(size=rng.choice((4, 64)))
+    ahead = AheadCache(size=rng.choice((4, 64)))
     judged = 0
     for _ in range(400):
         model = rng.choice(MODELS)
@@ -82,12 +80,12 @@ def test_the_queue_ahead_read_from_its_cache_gives_the_plain_replays_outcome_to_
             cached = rng.choice((0, prompt // 2, prompt))
             want = ref_placement(model, budget, (*decoding, *queued), prompt, cached, probe, max_steps)
             got = _outcome(queued_runs(model, budget, len(decoding), float(sum(r.context for r in decoding)),
-                                       queued, prompt, max(1, prompt - cached), probe, max_steps, cache, ahead),
+                                       queued, prompt, max(1, prompt - cached), probe, max_steps, ahead),
                            decoding)
             if got is None:
                 assert want.ttft_ms == float("inf")
                 continue
-            assert got == want
+            assert _same_outcome(got, want), (got, want)
             judged += 1
     assert judged > 800 and 100 < ahead.stepped < judged // 2
 

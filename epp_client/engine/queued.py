@@ -6,14 +6,14 @@ queue is stepped request by request, once for both runs up to the step in which 
 room for a prefill). :meth:`epp_client.engine.twin_engine.TwinEngine.placements`
 takes the sums and the queue from the producer's columns (``DecodingView.queued``) and counts
 the decodes pushed over their SLO for all candidates at once (``DecodingView.over_counts``);
-the outcome is :func:`epp_client.engine.twin.placement`'s to the last bit (tests/test_engine_queued.py,
+the outcome is :func:`epp_client.engine.twin.placement`'s (tests/test_engine_queued.py,
 tests/test_twin_exact.py, tests/test_producer_running_columns.py).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from epp_client.engine.stretch import DecodeCache, _decode_steps, alone, full_chunks
+from epp_client.engine.stretch import _decode_steps, alone, full_chunks
 from epp_client.engine.twin import Running, StepModel, _first_flip, _run, _State, _under_way
 
 
@@ -37,8 +37,8 @@ def queue_state(model: StepModel, budget: int, decodes: int, context: float, que
 
 
 def queued_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
-                prompt_tokens: int, uncached: int, probe: int, max_steps: int, decode_cache: DecodeCache | None,
-                ahead_cache: AheadCache | None = None) -> tuple[float, float, float, int, float, int, int] | None:
+                prompt_tokens: int, uncached: int, probe: int, max_steps: int, ahead_cache: AheadCache | None = None
+                ) -> tuple[float, float, float, int, float, int, int] | None:
     """The two runs of :func:`~epp_client.engine.twin.placement` where ``decodes`` requests with
     ``context`` tokens decode and ``queued`` (dispatch order, none with a first token) wait for or
     are in their prefill: (the request's first token time, its TPOT, the time and steps the run
@@ -53,8 +53,7 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
         for n in left:
             bound += -(-n // room) if n > 1 else 1
         if bound <= max_steps:
-            return _both_runs(model, budget, decodes, context, queued, left, done, probe, max_steps, decode_cache,
-                              ahead_cache)
+            return _both_runs(model, budget, decodes, context, queued, left, done, probe, max_steps, ahead_cache)
     st = _State(left, done, queue, decodes, context)
     i = len(queued)
     fork = _run(model, budget, st, i, probe, max_steps=max_steps)
@@ -65,7 +64,7 @@ def queued_runs(model: StepModel, budget: int, decodes: int, context: float, que
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     if fork is None:    # no run without it to compare: nothing harmed (the same run, counted twice)
         return tf, tpot, t, steps, t, steps, 0
-    _run(model, budget, fork, until_ms=t, max_steps=max_steps, decode_cache=decode_cache)
+    _run(model, budget, fork, until_ms=t, max_steps=max_steps)
     t0, steps0, firsts0 = fork.t, fork.steps, fork.firsts
     flips = 0
     for j, r in enumerate(queued):
@@ -161,8 +160,8 @@ def _ahead(model: StepModel, budget: int, decodes: int, context: float, nq: int,
 
 
 def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queued: tuple[Running, ...],
-               left: list[int], done: list[int], probe: int, max_steps: int, decode_cache: DecodeCache | None,
-               ahead_cache: AheadCache | None = None) -> tuple[float, float, float, int, float, int, int]:
+               left: list[int], done: list[int], probe: int, max_steps: int, ahead_cache: AheadCache | None = None
+               ) -> tuple[float, float, float, int, float, int, int]:
     """:func:`queued_runs` where the run with the request ends within ``max_steps`` and every step
     has room for a prefill: the steps of :func:`~epp_client.engine.twin._run` in the same order
     with the same arithmetic, the queue ahead stepped once for both runs (:func:`_ahead`, read from
@@ -190,7 +189,7 @@ def _both_runs(model: StepModel, budget: int, decodes: int, context: float, queu
     tf, sf, t, steps = alone(model, budget - decodes, decodes, context, t, steps, left_new, done_new, probe,
                              max_steps)
     if decodes and (part == nq or t0 < t):    # then a decode-only stretch (all that run without it decode)
-        t0, k = _decode_steps(model, decodes, context, t0, max_steps - steps0, t, decode_cache)
+        t0, k = _decode_steps(model, decodes, context, t0, max_steps - steps0, t)
         steps0 += k
     flips = 0
     for i, r in enumerate(queued):

@@ -18,9 +18,9 @@ plus ``probe`` decode steps, and without it to the same moment; the harm is how 
 requests are over their TPOT SLO then (TPOT so far: decode time over tokens after the first).
 Where every running request decodes (the common state) the request is alone in the queue and
 :func:`placement` steps it without the general loop; stretches of like steps (decode-only steps, a
-long prompt's full chunks) are stepped by :mod:`epp_client.engine.stretch`. All of it gives the plain
-replay's outcome to the last bit (tests/test_twin_exact.py). Pure functions over tuples, no clock,
-no I/O.
+long prompt's full chunks) are summed as series by :mod:`epp_client.engine.stretch`. All of it gives
+the plain replay's outcome, its times to rounding (tests/test_twin_exact.py). Pure functions over
+tuples, no clock, no I/O.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from epp_client.engine.model import Outcome
-from epp_client.engine.stretch import DecodeCache, _decode_steps, alone_each, full_chunks
+from epp_client.engine.stretch import _decode_steps, alone_each, full_chunks
 
 
 class Running(NamedTuple):
@@ -150,7 +150,7 @@ def _under_way(model: StepModel, budget: int, reqs: tuple[Running, ...], left: l
 
 
 def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int = 4, until_ms: float | None = None,
-         max_steps: int = 4000, decode_cache: DecodeCache | None = None) -> _State | None:
+         max_steps: int = 4000) -> _State | None:
     """Step ``st`` forward (see :func:`forward`). With ``new_i`` (the last in the queue), returns the
     state at the start of the step in which it first gets a chunk, the moment a run without it
     would part from this one (None if it never does)."""
@@ -166,9 +166,9 @@ def _run(model: StepModel, budget: int, st: _State, new_i: int = -1, probe: int 
             # nothing left to prefill: decode-only steps to the end of the run (_decode_steps)
             if new_i >= 0:
                 n = min(probe - (steps - firsts[new_i][1]), max_steps - steps)
-                t, k = _decode_steps(model, decodes, context, t, n, None, decode_cache)
+                t, k = _decode_steps(model, decodes, context, t, n, None)
             else:
-                t, k = _decode_steps(model, decodes, context, t, max_steps - steps, until_ms, decode_cache)
+                t, k = _decode_steps(model, decodes, context, t, max_steps - steps, until_ms)
             steps += k
             context += k * decodes
             break
@@ -280,14 +280,13 @@ def _first_flip(slo: float, first: tuple[float, int] | None, t: float, steps: in
 
 
 def placement(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, cached_tokens: int,
-              probe: int = 4, max_steps: int = 4000, decode_cache: DecodeCache | None = None) -> Outcome:
+              probe: int = 4, max_steps: int = 4000) -> Outcome:
     """The request (``prompt_tokens``, of which ``cached_tokens`` are in the endpoint's cache)
     placed on an endpoint running ``running``: :class:`Outcome`. The run without it is the run
-    with it up to the step in which its prefill starts, so it resumes from there (its decode-only
-    stretch read from ``decode_cache`` when given: the same outcome, to the last bit)."""
+    with it up to the step in which its prefill starts, so it resumes from there."""
     uncached = max(1, prompt_tokens - cached_tokens)
     if running:
-        fast = _all_decoding(model, budget, running, prompt_tokens, uncached, probe, max_steps, decode_cache)
+        fast = _all_decoding(model, budget, running, prompt_tokens, uncached, probe, max_steps)
         if fast is not None:
             return fast
     new = Running(0.0, 0, 0.0, max(prompt_tokens, uncached), uncached)
@@ -301,12 +300,12 @@ def placement(model: StepModel, budget: int, running: tuple[Running, ...], promp
     tpot = (t - tf) / (steps - sf) if steps > sf else 0.0
     if not running or fork is None:
         return Outcome(0, tf, tpot)
-    _run(model, budget, fork, until_ms=t, max_steps=max_steps, decode_cache=decode_cache)
+    _run(model, budget, fork, until_ms=t, max_steps=max_steps)
     return Outcome(_harm(running, firsts, t, steps, fork.firsts, fork.t, fork.steps), tf, tpot)
 
 
 def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], prompt_tokens: int, uncached: int,
-                  probe: int, max_steps: int, decode_cache: DecodeCache | None) -> Outcome | None:
+                  probe: int, max_steps: int) -> Outcome | None:
     """:func:`placement` where every running request decodes (the common state), or None where
     another is still prefilling or the run would reach ``max_steps``: the same steps in the same
     order without the general loop's bookkeeping (:func:`_decoding_runs`); nobody else gets a
@@ -316,8 +315,7 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
         if prefill > 0 or tokens < 1 or not c >= 0:
             return None
         whole += c
-    runs = _decoding_runs(model, budget, len(running), float(whole), prompt_tokens, uncached, probe, max_steps,
-                          decode_cache)
+    runs = _decoding_runs(model, budget, len(running), float(whole), prompt_tokens, uncached, probe, max_steps)
     if runs is None:
         return None
     tf, tpot, t, steps, t0, steps0 = runs
@@ -332,18 +330,16 @@ def _all_decoding(model: StepModel, budget: int, running: tuple[Running, ...], p
 
 
 def _decoding_runs(model: StepModel, budget: int, decodes: int, context: float, prompt_tokens: int, uncached: int,
-                   probe: int, max_steps: int, decode_cache: DecodeCache | None
-                   ) -> tuple[float, float, float, int, float, int] | None:
+                   probe: int, max_steps: int) -> tuple[float, float, float, int, float, int] | None:
     """The two runs of :func:`placement` where ``decodes`` requests with ``context`` tokens all
     decode: (the request's first token time, its TPOT, the time and steps the run with it ends
     at, the time and steps the run without it ends at), or None where the run would reach
     ``max_steps`` or there is no room for a prefill. The request is alone in the queue, so the
     run without it parts at the start (time 0) and is one decode-only stretch."""
-    return decoding_runs(budget, prompt_tokens, probe, max_steps, decode_cache,
-                         [(model, decodes, context, uncached)])[0]
+    return decoding_runs(budget, prompt_tokens, probe, max_steps, [(model, decodes, context, uncached)])[0]
 
 
-def decoding_runs(budget: int, prompt_tokens: int, probe: int, max_steps: int, decode_cache: DecodeCache | None,
+def decoding_runs(budget: int, prompt_tokens: int, probe: int, max_steps: int,
                   todo: list[tuple[StepModel, int, float, int]]
                   ) -> list[tuple[float, float, float, int, float, int] | None]:
     """:func:`_decoding_runs` of the request on each endpoint of ``todo`` (its step model, decodes,
@@ -364,9 +360,6 @@ def decoding_runs(budget: int, prompt_tokens: int, probe: int, max_steps: int, d
             out.append(None)
             continue
         tf, sf, t, steps = next(ran)
-        if decode_cache is not None:    # the run without it (_decode_steps with a cache: DecodeCache.end)
-            t0, steps0 = decode_cache.end(model, decodes, context, 0.0, max_steps, t)
-        else:
-            t0, steps0 = _decode_steps(model, decodes, context, 0.0, max_steps, t, None)
+        t0, steps0 = _decode_steps(model, decodes, context, 0.0, max_steps, t)    # the run without it
         out.append((tf, (t - tf) / (steps - sf) if steps > sf else 0.0, t, steps, t0, steps0))
     return out

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from epp_client.engine.model import Outcome
 from epp_client.engine.queued import AheadCache, queued_runs
-from epp_client.engine.stretch import DecodeCache
 from epp_client.engine.twin import StepModel, decoding_runs, placement
 from epp_client.types import Endpoint, InferenceRequest
 
@@ -17,7 +16,6 @@ class TwinEngine:
 
     def __init__(self, step_model: StepModel, budget: int, probe: int, max_steps: int) -> None:
         self.step_model, self.budget, self.probe, self.max_steps = step_model, budget, probe, max_steps
-        self.decode_cache = DecodeCache()
         self.ahead_cache = AheadCache()
 
     def model_for(self, endpoint: Endpoint) -> StepModel:
@@ -29,7 +27,7 @@ class TwinEngine:
         if pred is None:
             raise ValueError(f"engine twin: endpoint {endpoint.name} has no prediction")
         return placement(self.model_for(endpoint), self.budget, pred.running_decodes(), prompt, cached, self.probe,
-                         self.max_steps, self.decode_cache)
+                         self.max_steps)
 
     def placements(self, request: InferenceRequest, endpoints: list[Endpoint], prompt: int,
                    cached: list[int]) -> list[Outcome]:
@@ -47,8 +45,7 @@ class TwinEngine:
         todo: list[tuple[StepModel, int, float, int]] = []   # all decoding: the request's run, all at once
         decoding: list[tuple[int, int]] = []    # per todo: (position in endpoints, position in the view)
         columns = view = None
-        model_for, budget, probe, max_steps, cache = self.model_for, self.budget, self.probe, self.max_steps, \
-            self.decode_cache
+        model_for, budget, probe, max_steps = self.model_for, self.budget, self.probe, self.max_steps
         for j, e in enumerate(endpoints):
             pred = e.prediction
             c = pred.decoding_columns if pred is not None else None
@@ -72,14 +69,14 @@ class TwinEngine:
                     elif paced is not None and queued is not None and not paced[i]:
                         taken[i] = True
                         q = queued_runs(model_for(e), budget, decodes[i], context[i], queued(i), prompt,
-                                        u if u > 1 else 1, probe, max_steps, cache, self.ahead_cache)
+                                        u if u > 1 else 1, probe, max_steps, self.ahead_cache)
                         if q is not None:
                             where.append(j)
                             judged.append((i, q[:6]))
                             extra.append(q[6])
                             continue
             out[j] = self.placement(request, e, prompt, cached[j])
-        for (j, i), r in zip(decoding, decoding_runs(budget, prompt, probe, max_steps, cache, todo)):
+        for (j, i), r in zip(decoding, decoding_runs(budget, prompt, probe, max_steps, todo)):
             if r is None:
                 out[j] = self.placement(request, endpoints[j], prompt, cached[j])
             else:
